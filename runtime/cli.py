@@ -1,0 +1,200 @@
+"""The `draftsmith` command: one console script, one verb per job, lazy imports per verb.
+
+    draftsmith generate --prompt "What is speculative decoding?" --json
+    draftsmith demo --quick
+
+Every verb is a thin shell over a library function. Exit codes: 0 success, 2 bad input (the message names
+the field, what it got and what it expected), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
+
+DRAFTS_AVAILABLE = ("none",)  # the speculative drafters arrive with the runtime issue
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _finite_float(name: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: got {text!r}, expected a number") from None
+        if math.isnan(value):
+            raise argparse.ArgumentTypeError(f"{name}: got {text!r}, expected a number, not NaN")
+        return value
+
+    return parse
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--target",
+        default="smollm2-135m",
+        help="alias (smollm2-135m, the embedded default), local HF folder, Hub id, or .gguf file",
+    )
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16")
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text with the target (plain or speculative decoding)",
+        formatter_class=_Formatter,
+        description=(
+            "Generate from the target. Prompts are chat-templated unless --no-chat.\n\n"
+            "examples:\n"
+            '  draftsmith generate --prompt "Why is the sky blue?"\n'
+            "  draftsmith generate --prompts prompts.txt --batch-size 8 --json > out.jsonl\n"
+            '  draftsmith generate --prompt "Tell a story" --temperature 0.8 --top-p 0.95 --seed 1\n\n'
+            "--json prints one object per prompt (JSON Lines) with prompt_token_ids, token_ids (new tokens\n"
+            "only), text, new_tokens, finish_reason, target_forwards, mean_accepted (tau),\n"
+            "accept_rate_per_position, wall_s and tokens_per_s."
+        ),
+    )
+    add_target_args(p)
+    p.add_argument(
+        "--draft", default="none", help=f"draft spec; available now: {', '.join(DRAFTS_AVAILABLE)}"
+    )
+    p.add_argument("--temperature", type=_finite_float("--temperature"), default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=_finite_float("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0, help="row i samples with a generator seeded by (seed, i)")
+    p.add_argument("--no-chat", action="store_true", help="feed the prompt text as is (no chat template)")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (left padding)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument("--prompts", help="file: one prompt per line, or JSONL with a 'prompt' field")
+    p.add_argument("--json", action="store_true", help="print JSON Lines instead of text")
+    p.set_defaults(run=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    from draftsmith.runtime.engine import generate_plain
+    from draftsmith.runtime.prompts import read_prompts_file
+    from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.target import Target
+
+    if args.draft not in DRAFTS_AVAILABLE:
+        raise BadInputError("--draft", args.draft, f"one of {list(DRAFTS_AVAILABLE)}")
+    params = SamplingParams(args.temperature, args.top_p, args.top_k).validate()
+    if args.max_new_tokens < 1:
+        raise BadInputError("--max-new-tokens", args.max_new_tokens, "an integer >= 1")
+    if args.batch_size < 1:
+        raise BadInputError("--batch-size", args.batch_size, "an integer >= 1")
+    texts = [args.prompt] if args.prompt is not None else read_prompts_file(args.prompts)
+    target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
+    start = time.perf_counter()
+    results = generate_plain(
+        target, prompt_ids, params, args.max_new_tokens, args.seed, args.batch_size, progress=not args.json
+    )
+    wall = time.perf_counter() - start
+    for text, res in zip(texts, results, strict=True):
+        if args.json:
+            print(json.dumps(result_row(target, text, res)), flush=True)
+        else:
+            print(target.decode(res.token_ids), end="\n\n" if len(results) > 1 else "\n", flush=True)
+    new = sum(r.new_tokens for r in results)
+    forwards = sum(r.target_forwards for r in results)
+    logging.getLogger("draftsmith").info(
+        "%d prompt(s), %d new tokens in %.2f s (%.1f tok/s), %d target forwards, tau %.2f",
+        len(results),
+        new,
+        wall,
+        new / wall,
+        forwards,
+        new / max(forwards, 1),
+    )
+
+
+def result_row(target, prompt: str, res) -> dict:
+    return {
+        "prompt": prompt,
+        "prompt_token_ids": res.prompt_token_ids,
+        "token_ids": res.token_ids,
+        "text": target.decode(res.token_ids),
+        "new_tokens": res.new_tokens,
+        "finish_reason": res.finish_reason,
+        "target_forwards": res.target_forwards,
+        "mean_accepted": res.new_tokens / res.target_forwards,  # tau: 1.0 for plain decoding
+        "accept_rate_per_position": [],  # no drafted positions without a draft
+        "wall_s": round(res.wall_s, 4),
+        "tokens_per_s": round(res.new_tokens / res.wall_s, 3),
+    }
+
+
+def add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the main job on embedded defaults (today: plain decoding next to transformers generate())",
+        formatter_class=_Formatter,
+        description=(
+            "Load the embedded target, decode the bundled prompts with draftsmith's engine and with\n"
+            "transformers generate() side by side (interleaved, warmed up, median of repeats), check the\n"
+            "greedy tokens are identical, and print tokens/s.\n"
+            "Writes OUT/results.json and OUT/config.yaml (OUT = out_dir, default runs/demo).\n\n"
+            "examples:\n"
+            "  draftsmith demo --quick\n"
+            "  draftsmith demo --config configs/demo-smollm2-135m.yaml repeats=5 max_new_tokens=128"
+        ),
+    )
+    p.add_argument("--config", help="YAML demo config (default: the packaged demo-smollm2-135m.yaml)")
+    p.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, 1 repeat (about a minute)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. repeats=5")
+    p.set_defaults(run=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> None:
+    from draftsmith.runtime.demo import demo_main
+
+    demo_main(args.config, args.overrides, quick=args.quick)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftsmith",
+        description="Train, export and losslessly serve speculative-decoding draft heads.",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    add_generate(sub)
+    add_demo(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse itself exits 2 on malformed flags
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="draftsmith: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        args.run(args)
+    except DraftsmithError as err:
+        print(f"draftsmith {args.verb}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

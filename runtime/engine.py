@@ -1,0 +1,128 @@
+"""Plain KV-cached decoding (`--draft none`): the loop the speculative engine extends.
+
+    results = generate_plain(target, [target.encode("Hi")], SamplingParams(), max_new_tokens=64)
+
+Batches are left-padded; padding lives in the cache's `valid` mask and every row gets position ids
+that count only its real tokens, so a padded row computes what it would alone (up to float rounding
+of batched matmuls). Each row samples with its own generator seeded by (seed, row index). A row stops at
+an EOS token (which is kept, as `generate()` keeps it), at max_new_tokens, or at the end of the
+target's context.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.sampling import SamplingParams, make_generators, next_tokens
+from draftsmith.runtime.target import Target
+
+
+@dataclass
+class GenerationResult:
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # new tokens only, EOS included when it was generated
+    finish_reason: str  # "eos", "length" or "context"
+    target_forwards: int  # forwards this row took part in (prefill included)
+    wall_s: float  # wall time of the batch this row ran in
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def check_prompts(target: Target, prompts: list[list[int]], max_new_tokens: int) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise BadInputError("max_new_tokens", max_new_tokens, "an integer >= 1")
+    if not prompts:
+        raise BadInputError("prompts", prompts, "at least one prompt")
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise BadInputError(f"prompts[{i}]", "", "a prompt of at least one token")
+        if len(ids) >= target.max_context:
+            raise BadInputError(
+                f"prompts[{i}]",
+                f"{len(ids)} tokens",
+                f"fewer than {target.max_context} tokens (the context of {target.name})",
+            )
+
+
+def generate_plain(
+    target: Target,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    batch_size: int = 1,
+    progress: bool = False,
+) -> list[GenerationResult]:
+    """Decode every prompt (token ids); rows are grouped into batches of `batch_size` in order."""
+    params.validate()
+    check_prompts(target, prompts, max_new_tokens)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BadInputError("batch_size", batch_size, "an integer >= 1")
+    results: list[GenerationResult] = []
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc="generate", unit="batch", disable=not progress):
+        rows = list(range(start, min(start + batch_size, len(prompts))))
+        generators = None if params.greedy else make_generators(seed, rows, target.device)
+        results += decode_batch(target, [prompts[r] for r in rows], params, max_new_tokens, generators)
+    return results
+
+
+@torch.inference_mode()
+def decode_batch(
+    target: Target,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    max_new_tokens: int,
+    generators: list[torch.Generator] | None,
+) -> list[GenerationResult]:
+    start_time = time.perf_counter()
+    device, batch = target.device, len(prompts)
+    width = max(len(p) for p in prompts)
+    budget = [min(max_new_tokens, target.max_context - len(p)) for p in prompts]
+    input_ids = torch.full((batch, width), target.pad_token_id, dtype=torch.long)
+    valid = torch.zeros(batch, width, dtype=torch.bool)
+    for i, ids in enumerate(prompts):  # left padding
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        valid[i, width - len(ids) :] = True
+    input_ids, valid = input_ids.to(device), valid.to(device)
+    positions = (valid.cumsum(dim=1) - 1).clamp(min=0)  # [B, T]
+    next_pos = valid.sum(dim=1, keepdim=True)  # [B, 1]
+
+    cache = target.new_cache(batch, width + max(budget))
+    out = target.forward(input_ids, cache, positions, token_valid=valid)
+    logits = target.logits(out.hidden[:, -1])  # [B, V]
+    eos = set(target.eos_token_ids)
+    tokens: list[list[int]] = [[] for _ in range(batch)]
+    forwards = [1] * batch
+    finish = [""] * batch
+    while True:
+        chosen = next_tokens(logits, params, generators).tolist()  # [B]
+        for i, tok in enumerate(chosen):
+            if finish[i]:
+                continue
+            tokens[i].append(tok)
+            if tok in eos:
+                finish[i] = "eos"
+            elif len(tokens[i]) >= budget[i]:
+                finish[i] = "length" if budget[i] == max_new_tokens else "context"
+        if all(finish):
+            break
+        # Finished rows keep stepping on their last token (fixed batch shape); their outputs are unused.
+        step_ids = torch.tensor([[t[-1]] for t in tokens], device=device)  # [B, 1]
+        out = target.forward(step_ids, cache, next_pos)
+        logits = target.logits(out.hidden[:, -1])
+        next_pos = next_pos + 1
+        for i in range(batch):
+            forwards[i] += not finish[i]
+    wall = time.perf_counter() - start_time
+    return [
+        GenerationResult(p, t, f, n, wall)
+        for p, t, f, n in zip(prompts, tokens, finish, forwards, strict=True)
+    ]

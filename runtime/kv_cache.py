@@ -1,0 +1,98 @@
+"""A preallocated KV cache with a per-slot validity mask, cropping and path compaction.
+
+It duck-types transformers' `Cache.update(key, value, layer_idx, ...)`, so the target's own decoder
+layers write into it, while we own the layout:
+
+    keys[l], values[l]   # [B, Hkv, C, D] per layer, C = capacity (grows by doubling when needed)
+    valid                # [B, C] bool: slot holds a real token (False for left padding and holes)
+    length               # slots in use, the same for every row
+
+Rows may differ in how many real tokens they hold (padding, ragged acceptance later): that is `valid`'s
+job, and attention masks are built from it. `crop(n)` drops slots >= n (rejected draft tokens);
+`compact(start, keep)` moves the slots `keep` [B, n] to `start..start+n` (the accepted tree path) so a
+verification never has to be recomputed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        shape = (batch, num_kv_heads, max(capacity, 1), head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.valid = torch.zeros(batch, shape[2], dtype=torch.bool, device=device)  # [B, C]
+        self.length = 0
+        self._pending = 0  # tokens being written by the forward in flight
+
+    @property
+    def batch(self) -> int:
+        return self.valid.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.valid.shape[1]
+
+    def reserve(self, new_tokens: int, token_valid: torch.Tensor) -> None:
+        """Open `new_tokens` slots for the next forward; token_valid [B, T] marks the real ones."""
+        need = self.length + new_tokens
+        if need > self.capacity:
+            self._grow(max(need, 2 * self.capacity))
+        self.valid[:, self.length : need] = token_valid
+        self._pending = new_tokens
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Called by each attention layer with key/value [B, Hkv, T, D]; returns the layer's full K/V."""
+        end = self.length + key_states.shape[2]
+        self.keys[layer_idx][:, :, self.length : end] = key_states
+        self.values[layer_idx][:, :, self.length : end] = value_states
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+    def commit(self) -> None:
+        """Make the slots written by the last forward part of the cache."""
+        self.length += self._pending
+        self._pending = 0
+
+    def crop(self, length: int) -> None:
+        """Forget every slot at or after `length`."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length {length} outside [0, {self.length}]")
+        self.valid[:, length:] = False
+        self.length = length
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        """Move slots keep [B, n] (absolute slot ids >= start, increasing) to start..start+n, drop the rest.
+
+        Used after tree verification: the accepted path's K/V are already computed, so we gather them
+        instead of running the target again."""
+        n = keep.shape[1]
+        idx = keep[:, None, :, None]  # [B, 1, n, 1]
+        for cache in (self.keys, self.values):
+            for t in cache:
+                gathered = t.gather(2, idx.expand(-1, t.shape[1], -1, t.shape[3]))  # [B, Hkv, n, D]
+                t[:, :, start : start + n] = gathered
+        self.valid[:, start : start + n] = self.valid.gather(1, keep)
+        self.crop(start + n)
+
+    def _grow(self, capacity: int) -> None:
+        def grow(t: torch.Tensor) -> torch.Tensor:
+            bigger = t.new_zeros(*t.shape[:2], capacity, t.shape[3])
+            bigger[:, :, : t.shape[2]] = t
+            return bigger
+
+        self.keys = [grow(t) for t in self.keys]
+        self.values = [grow(t) for t in self.values]
+        valid = self.valid.new_zeros(self.batch, capacity)
+        valid[:, : self.valid.shape[1]] = self.valid
+        self.valid = valid

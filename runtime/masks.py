@@ -1,0 +1,41 @@
+"""Attention masks over a KV cache with padding/holes and an optional tree block (pure torch).
+
+The mask is boolean, True = may attend, shaped [B, 1, T, S] as transformers' SDPA path expects, with
+S = cache slots after the new T tokens are written. Keys come from two parts:
+
+    prefix  slots [0, S-T): every query sees the valid ones (padding and holes are False in `valid`)
+    block   the T new tokens: causal by default, or `tree_mask` [T, T] / [B, T, T] (node i sees node j iff
+            j is i or an ancestor of i), restricted to valid keys
+
+Each query always sees itself, so a padded query never has an all-False row (SDPA would return NaN,
+and 0 * NaN in the next layer's attention would leak into real rows).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def attention_mask(
+    valid: torch.Tensor, new_tokens: int, tree_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """valid [B, S] bool (slot holds a real token), new_tokens T -> mask [B, 1, T, S] bool."""
+    batch, slots = valid.shape
+    start = slots - new_tokens
+    device = valid.device
+    if tree_mask is None:
+        block = torch.ones(new_tokens, new_tokens, dtype=torch.bool, device=device).tril()
+    else:
+        block = tree_mask.to(device=device, dtype=torch.bool)
+    block = block.expand(batch, new_tokens, new_tokens) & valid[:, None, start:]  # [B, T, T]
+    block = block | torch.eye(new_tokens, dtype=torch.bool, device=device)
+    prefix = valid[:, None, :start].expand(batch, new_tokens, start)  # [B, T, S-T]
+    return torch.cat([prefix, block], dim=-1)[:, None]  # [B, 1, T, S]
+
+
+def is_plain_causal(valid: torch.Tensor, new_tokens: int, tree_mask: torch.Tensor | None) -> bool:
+    """True when the mask is the plain causal one SDPA builds itself (`attn_mask=None`): no padding, no
+    tree, and either a fresh prefill (square) or a single new token. Passing None then keeps the exact
+    kernel `generate()` uses, so greedy outputs match it bit for bit."""
+    square_or_one = new_tokens == valid.shape[1] or new_tokens == 1
+    return tree_mask is None and square_or_one and bool(valid.all())

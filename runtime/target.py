@@ -1,0 +1,203 @@
+"""The target adapter: one object that exposes what drafting and verification need from a causal LM.
+
+    target = Target.load("smollm2-135m")                        # or a folder, a Hub id, a .gguf
+    ids = target.encode("What is 2+2?")                          # chat-templated prompt ids
+    cache = target.new_cache(batch=1, capacity=256)
+    out = target.forward(torch.tensor([ids]), cache, capture_layers=(1, 14, 27))
+    logits = target.logits(out.hidden[:, -1])                    # [B, V]
+
+`forward` drives the model's own decoder layers (no copied modeling code) over our KV cache, with
+explicit position ids per token and an optional tree mask, so verification of a whole draft tree is one
+call. `capture_layers` returns the hidden state after those decoder layers (0-based: layer i's output,
+which is `hidden_states[i + 1]` in transformers' `output_hidden_states` tuple, except that transformers
+applies the final norm to its last entry and we never do). `num_layers=N` runs only
+the first N layers (self-speculation).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.kv_cache import KVCache
+from draftsmith.runtime.masks import attention_mask, is_plain_causal
+from draftsmith.runtime.targets import SUPPORTED_MODEL_TYPES, resolve_target
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TargetOutput:
+    hidden: torch.Tensor  # [B, T, H] output of the last layer run, before the final norm
+    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [B, T, H]
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise BadInputError("--dtype", dtype, f"one of {['auto', *DTYPES]}")
+    return DTYPES[dtype]
+
+
+class Target:
+    def __init__(self, model, tokenizer, name: str):
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise BadInputError("target model_type", model_type, f"one of {list(SUPPORTED_MODEL_TYPES)}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self.decoder = model.model  # embed_tokens, layers, norm, rotary_emb
+        # transformers renamed the layers' cache argument (past_key_values -> cache) during 5.x.
+        params = inspect.signature(type(self.decoder.layers[0]).forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @classmethod
+    def load(cls, spec: str = "smollm2-135m", device: str = "auto", dtype: str = "auto") -> Target:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        resolved = resolve_target(spec)
+        dev = pick_device(device)
+        model = AutoModelForCausalLM.from_pretrained(
+            resolved.path, dtype=pick_dtype(dtype, dev), attn_implementation="sdpa"
+        ).to(dev)
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        return cls(model, tokenizer, resolved.name)
+
+    # ---- shape facts -------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.embed_tokens.weight.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.embed_tokens.weight.shape[0]
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence we serve: the trained context, capped by a sliding window we do not mask."""
+        limit = self.config.max_position_embeddings
+        window = getattr(self.config, "sliding_window", None)
+        if window and getattr(self.config, "use_sliding_window", True):
+            limit = min(limit, window)
+        return limit
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.eos_token_ids[0]
+
+    # ---- text ----------------------------------------------------------------------------------------
+    def encode(self, text: str, chat: bool = True) -> list[int]:
+        """Prompt ids: chat-templated (one user turn + the assistant header) unless chat=False."""
+        if chat and self.tokenizer.chat_template:
+            messages = [{"role": "user", "content": text}]
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ---- pieces heads reuse ------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(input_ids)  # [B, T] -> [B, T, H]
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder.norm(hidden)
+
+    def lm_head(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(normed)  # [..., H] -> [..., V]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden [..., H] -> logits [..., V] in float32."""
+        return self.lm_head(self.final_norm(hidden)).float()
+
+    def new_cache(self, batch: int, capacity: int, num_layers: int | None = None) -> KVCache:
+        cfg = self.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return KVCache(
+            num_layers or self.num_layers,
+            batch,
+            cfg.num_key_value_heads,
+            head_dim,
+            capacity,
+            self.dtype,
+            self.device,
+        )
+
+    # ---- the forward -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        cache: KVCache,
+        position_ids: torch.Tensor | None = None,  # [B, T]; default: continue after the cache
+        token_valid: torch.Tensor | None = None,  # [B, T] bool; False = padding
+        tree_mask: torch.Tensor | None = None,  # [T, T] or [B, T, T] bool, node sees ancestors + self
+        num_layers: int | None = None,
+        capture_layers: tuple[int, ...] = (),
+    ) -> TargetOutput:
+        batch, new = input_ids.shape
+        num_layers = num_layers or self.num_layers
+        if any(not 0 <= i < num_layers for i in capture_layers):
+            raise BadInputError("capture_layers", capture_layers, f"layer ids in [0, {num_layers})")
+        if token_valid is None:
+            token_valid = torch.ones(batch, new, dtype=torch.bool, device=input_ids.device)
+        if position_ids is None:
+            past = cache.valid[:, : cache.length].sum(dim=1, keepdim=True)  # [B, 1]
+            position_ids = past + torch.arange(new, device=input_ids.device)
+        cache.reserve(new, token_valid)
+        valid = cache.valid[:, : cache.length + new]  # [B, S]
+        mask = None if is_plain_causal(valid, new, tree_mask) else attention_mask(valid, new, tree_mask)
+        hidden = self.embed(input_ids)
+        rope = self.decoder.rotary_emb(hidden, position_ids=position_ids)
+        aux = {}
+        for i, layer in enumerate(self.decoder.layers[:num_layers]):
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=position_ids,
+                position_embeddings=rope,
+                **{self._cache_kwarg: cache},
+            )
+            if isinstance(hidden, tuple):  # older transformers return (hidden, ...)
+                hidden = hidden[0]
+            if i in capture_layers:
+                aux[i] = hidden
+        cache.commit()
+        return TargetOutput(hidden=hidden, aux=aux)

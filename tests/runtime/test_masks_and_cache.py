@@ -1,0 +1,82 @@
+"""Attention masks over a padded cache and the KV cache's crop / compact / grow."""
+
+import torch
+
+from draftsmith.runtime.kv_cache import KVCache
+from draftsmith.runtime.masks import attention_mask, is_plain_causal
+
+
+def test_mask_hides_padding_and_future():
+    valid = torch.tensor([[False, True, True, True], [True, True, True, True]])  # row 0 left-padded
+    mask = attention_mask(valid, new_tokens=2)  # slots 2, 3 are new
+    assert mask.shape == (2, 1, 2, 4)
+    assert mask[0, 0].tolist() == [[False, True, True, False], [False, True, True, True]]
+    assert mask[1, 0].tolist() == [[True, True, True, False], [True, True, True, True]]
+
+
+def test_padded_query_still_sees_itself():
+    valid = torch.tensor([[False, False, True]])
+    mask = attention_mask(valid, new_tokens=3)[0, 0]
+    assert mask.any(dim=-1).all()  # no all-False row (SDPA would return NaN)
+    assert mask.tolist() == [[True, False, False], [False, True, False], [False, False, True]]
+
+
+def test_tree_mask_block():
+    valid = torch.ones(1, 5, dtype=torch.bool)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # node 2's parent is 0
+    mask = attention_mask(valid, 3, tree)[0, 0]
+    assert mask[:, :2].all()  # every node sees the prefix
+    assert mask[:, 2:].tolist() == tree.tolist()
+
+
+def test_plain_causal_detection():
+    full = torch.ones(2, 6, dtype=torch.bool)
+    assert is_plain_causal(full, 6, None) and is_plain_causal(full, 1, None)
+    assert not is_plain_causal(full, 3, None)  # chunk after a prefix: needs an explicit mask
+    assert not is_plain_causal(full, 6, torch.ones(6, 6, dtype=torch.bool))
+    padded = full.clone()
+    padded[0, 0] = False
+    assert not is_plain_causal(padded, 1, None)
+
+
+def make_cache(capacity=4):
+    return KVCache(
+        num_layers=2,
+        batch=2,
+        num_kv_heads=1,
+        head_dim=2,
+        capacity=capacity,
+        dtype=torch.float32,
+        device="cpu",
+    )
+
+
+def write(cache, values):  # values [B, T]: one forward writing those numbers as K and V
+    kv = torch.tensor(values, dtype=torch.float32)[:, None, :, None].expand(-1, 1, -1, 2)
+    cache.reserve(kv.shape[2], torch.ones(kv.shape[0], kv.shape[2], dtype=torch.bool))
+    for layer in range(2):
+        k, v = cache.update(kv, kv + 100, layer)
+    cache.commit()
+    return k
+
+
+def test_update_grows_and_returns_full_history():
+    cache = make_cache(capacity=2)
+    write(cache, [[1, 2], [3, 4]])
+    k = write(cache, [[5, 6, 7], [8, 9, 10]])  # exceeds capacity: doubles
+    assert cache.length == 5 and cache.capacity >= 5
+    assert k[:, 0, :, 0].tolist() == [[1, 2, 5, 6, 7], [3, 4, 8, 9, 10]]
+    assert cache.values[1][0, 0, :5, 0].tolist() == [101, 102, 105, 106, 107]
+
+
+def test_crop_and_compact():
+    cache = make_cache(capacity=8)
+    write(cache, [[1, 2], [3, 4]])
+    write(cache, [[10, 11, 12, 13], [20, 21, 22, 23]])  # a "tree" of 4 nodes after a 2-slot prefix
+    cache.compact(start=2, keep=torch.tensor([[2, 4], [3, 5]]))  # accepted path per row
+    assert cache.length == 4
+    assert cache.keys[0][:, 0, :4, 0].tolist() == [[1, 2, 10, 12], [3, 4, 21, 23]]
+    assert cache.values[1][:, 0, :4, 0].tolist() == [[101, 102, 110, 112], [103, 104, 121, 123]]
+    assert not cache.valid[:, 4:].any() and cache.valid[:, :4].all()
+    cache.crop(3)
+    assert cache.length == 3 and not cache.valid[:, 3:].any()

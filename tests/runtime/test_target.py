@@ -1,0 +1,125 @@
+"""The target adapter against transformers' own forward, on tiny random models of each supported family."""
+
+import pytest
+import torch
+from tiny_models import tiny_model, tiny_tokenizer
+
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.target import Target
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
+ATOL = 1e-5
+
+
+def assert_close(got, expected):
+    """fp32 equality up to rounding: the tiny models' logits reach |80|, so scale atol with them (a wrong
+    mask or position moves logits by about their std, ~20)."""
+    atol = ATOL * max(1.0, expected.abs().max().item())
+    torch.testing.assert_close(got, expected, atol=atol, rtol=0)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def target(request):
+    return Target(tiny_model(request.param), tiny_tokenizer(), f"tiny-{request.param}")
+
+
+def hf_logits(target, ids):  # ids [1, T] -> [T, V]
+    with torch.no_grad():
+        return target.model(ids).logits[0].float()
+
+
+def test_prefill_logits_and_captured_layers_match_transformers(target):
+    ids = torch.randint(6, 128, (2, 9))
+    out = target.forward(ids, target.new_cache(2, 16), capture_layers=(0, 1, 2))
+    with torch.no_grad():
+        ref = target.model(ids, output_hidden_states=True)
+    assert_close(target.logits(out.hidden), ref.logits.float())
+    # Our layer i is transformers' hidden_states[i + 1] (index 0 is the embedding output); transformers
+    # applies the final norm to its last entry, we never do.
+    for layer in (0, 1):
+        assert_close(out.aux[layer], ref.hidden_states[layer + 1])
+    assert_close(target.final_norm(out.aux[2]), ref.hidden_states[3])
+    short = target.forward(ids, target.new_cache(2, 16), num_layers=2)
+    assert_close(short.hidden, ref.hidden_states[2])
+
+
+def test_chunked_prefill_and_decode_match_one_forward(target):
+    ids = torch.randint(6, 128, (1, 12))
+    cache = target.new_cache(1, 4)  # small on purpose: the cache must grow
+    first = target.forward(ids[:, :5], cache)
+    second = target.forward(ids[:, 5:11], cache)
+    third = target.forward(ids[:, 11:], cache)
+    hidden = torch.cat([first.hidden, second.hidden, third.hidden], dim=1)
+    assert_close(target.logits(hidden)[0], hf_logits(target, ids))
+    assert cache.length == 12
+
+
+def test_left_padded_row_equals_unpadded(target):
+    ids = torch.randint(6, 128, (1, 7))
+    padded = torch.cat([torch.ones(1, 3, dtype=torch.long), ids], dim=1)
+    valid = torch.tensor([[False] * 3 + [True] * 7])
+    positions = (valid.cumsum(1) - 1).clamp(min=0)
+    cache = target.new_cache(1, 16)
+    out = target.forward(padded, cache, positions, token_valid=valid)
+    assert_close(target.logits(out.hidden[0, 3:]), hf_logits(target, ids))
+    step = target.forward(torch.tensor([[9]]), cache, torch.tensor([[7]]))
+    full = hf_logits(target, torch.cat([ids, torch.tensor([[9]])], dim=1))[-1]
+    assert_close(target.logits(step.hidden[0, -1]), full)
+
+
+# A tree of 5 nodes after the prefix: 0 -> (1, 2), 1 -> 3, 2 -> 4. parents[-1] = root (the prefix).
+PARENTS = [-1, 0, 0, 1, 2]
+DEPTHS = [0, 1, 1, 2, 2]
+
+
+def tree_mask(parents):
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(n):
+        j = parents[i]
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    return mask
+
+
+def path_to(node):
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = PARENTS[node]
+    return path[::-1]
+
+
+def test_tree_verification_equals_causal_forward_per_path(target):
+    prefix = torch.randint(6, 128, (1, 6))
+    nodes = torch.randint(6, 128, (1, len(PARENTS)))
+    cache = target.new_cache(1, 32)
+    target.forward(prefix, cache)
+    positions = 6 + torch.tensor([DEPTHS])
+    out = target.forward(nodes, cache, positions, tree_mask=tree_mask(PARENTS))
+    tree_logits = target.logits(out.hidden[0])  # [N, V]
+    for node in range(len(PARENTS)):
+        seq = torch.cat([prefix, nodes[:, path_to(node)]], dim=1)
+        assert_close(tree_logits[node], hf_logits(target, seq)[-1])
+
+    # Accept the path 0 -> 2 -> 4: compact the cache, then continue without recomputing anything.
+    accepted = path_to(4)
+    cache.compact(start=6, keep=torch.tensor([[6 + i for i in accepted]]))
+    assert cache.length == 6 + len(accepted)
+    step = target.forward(torch.tensor([[11]]), cache, torch.tensor([[6 + len(accepted)]]))
+    seq = torch.cat([prefix, nodes[:, accepted], torch.tensor([[11]])], dim=1)
+    assert_close(target.logits(step.hidden[0, -1]), hf_logits(target, seq)[-1])
+
+
+def test_unsupported_architecture_is_refused():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
+    with pytest.raises(BadInputError, match="model_type"):
+        Target(model, tiny_tokenizer(), "gpt2")
+
+
+def test_capture_layer_out_of_range(target):
+    with pytest.raises(BadInputError, match="capture_layers"):
+        target.forward(torch.tensor([[7, 8]]), target.new_cache(1, 4), capture_layers=(target.num_layers,))
