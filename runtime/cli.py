@@ -25,6 +25,16 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     pass
 
 
+def _int(name: str):
+    def parse(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: got {text!r}, expected an integer") from None
+
+    return parse
+
+
 def _finite_float(name: str):
     def parse(text: str) -> float:
         try:
@@ -70,11 +80,15 @@ def add_generate(sub) -> None:
     )
     p.add_argument("--temperature", type=_finite_float("--temperature"), default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=_finite_float("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
-    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0, help="row i samples with a generator seeded by (seed, i)")
+    p.add_argument("--top-k", type=_int("--top-k"), default=0, help="keep the k most likely tokens; 0 = off")
+    p.add_argument("--max-new-tokens", type=_int("--max-new-tokens"), default=128)
+    p.add_argument(
+        "--seed", type=_int("--seed"), default=0, help="row i samples with a generator seeded by (seed, i)"
+    )
     p.add_argument("--no-chat", action="store_true", help="feed the prompt text as is (no chat template)")
-    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together (left padding)")
+    p.add_argument(
+        "--batch-size", type=_int("--batch-size"), default=1, help="prompts decoded together (left padding)"
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", help="file: one prompt per line, or JSONL with a 'prompt' field")
@@ -177,14 +191,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def setup_logging(verbose: bool) -> None:
+    """Our loggers (draftsmith.*) print `draftsmith: message` lines to the current stderr."""
+    logger = logging.getLogger("draftsmith")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("draftsmith: %(message)s"))
+    logger.handlers = [handler]
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # argparse itself exits 2 on malformed flags
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="draftsmith: %(message)s",
-        stream=sys.stderr,
-    )
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a malformed flag (2): argparse has printed why
+        return int(exit_.code or 0)
+    setup_logging(args.verbose)
     try:
         args.run(args)
     except DraftsmithError as err:

@@ -69,13 +69,19 @@ class Target:
     @classmethod
     def load(cls, spec: str = "smollm2-135m", device: str = "auto", dtype: str = "auto") -> Target:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         resolved = resolve_target(spec)
         dev = pick_device(device)
-        model = AutoModelForCausalLM.from_pretrained(
-            resolved.path, dtype=pick_dtype(dtype, dev), attn_implementation="sdpa"
-        ).to(dev)
-        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        torch_dtype = pick_dtype(dtype, dev)
+        hf_logging.disable_progress_bar()  # loading a local safetensors folder takes seconds
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                resolved.path, dtype=torch_dtype, attn_implementation="sdpa"
+            ).to(dev)
+            tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        finally:
+            hf_logging.enable_progress_bar()
         return cls(model, tokenizer, resolved.name)
 
     # ---- shape facts -------------------------------------------------------------------------------

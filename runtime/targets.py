@@ -114,7 +114,7 @@ def check_causal_lm_folder(folder: Path, name: str | None = None) -> None:
         raise BadInputError("--target", name, "a readable config.json", str(err)) from None
     model_type = config.get("model_type")
     archs = config.get("architectures") or []
-    if archs and not any(a.endswith("ForCausalLM") for a in archs):
+    if archs and not any("CausalLM" in a or "LMHeadModel" in a for a in archs):
         raise BadInputError("--target", f"{name} (architectures={archs})", "a causal LM (*ForCausalLM)")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise BadInputError(

@@ -1,0 +1,101 @@
+"""Integration on the embedded SmolLM2-135M (fp32): `draftsmith generate --json` emits exactly the tokens
+transformers `generate(do_sample=False)` emits continuing `prompt_token_ids`, on 20 varied prompts one
+at a time and in a batch of 8 (left padding). Zero mismatches allowed."""
+
+import json
+
+import torch
+
+from draftsmith.runtime.cli import main
+from draftsmith.runtime.side_by_side import hf_generate
+
+PROMPTS = [
+    "What is 2+2?",
+    "Write a haiku about autumn leaves.",
+    "Explain recursion to a beginner.",
+    "List three uses of baking soda.",
+    "def is_prime(n):",
+    "Translate 'good morning' into Spanish and German.",
+    "Why do cats purr?",
+    "Give me a name for a coffee shop.",
+    "Summarize the causes of World War I in two sentences.",
+    "What is the capital of Australia?",
+    "Write a SQL query that counts rows in a table called users.",
+    "How do vaccines work?",
+    "Tell me a joke about programmers.",
+    "What is the difference between weather and climate?",
+    "Suggest a healthy breakfast.",
+    "Describe the color blue to someone who cannot see.",
+    "How many legs does a spider have?",
+    "Write the first line of a mystery novel.",
+    "What does HTTP stand for?",
+    "Explain what a black hole is.",
+]
+MAX_NEW = 32
+
+
+def generate_json(tmp_path, capsys, prompts, batch_size):
+    path = tmp_path / f"prompts-{batch_size}.txt"
+    path.write_text("\n".join(prompts) + "\n")
+    argv = [
+        "generate",
+        "--target",
+        "smollm2-135m",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--prompts",
+        str(path),
+    ]
+    code = main(
+        [
+            *argv,
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            str(MAX_NEW),
+            "--batch-size",
+            str(batch_size),
+            "--json",
+        ]
+    )
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return [json.loads(line) for line in out.out.splitlines()]
+
+
+def test_greedy_identity_20_prompts(smollm2, tmp_path, capsys):
+    rows = generate_json(tmp_path, capsys, PROMPTS, batch_size=1)
+    assert len(rows) == 20
+    mismatches = [
+        (i, row["token_ids"], expected)
+        for i, row in enumerate(rows)
+        if row["token_ids"] != (expected := hf_generate(smollm2, row["prompt_token_ids"], MAX_NEW))
+    ]
+    assert mismatches == []
+    assert rows[0]["prompt_token_ids"] == smollm2.encode(PROMPTS[0])
+    assert all(row["new_tokens"] > 0 and row["text"] for row in rows)
+
+
+def test_greedy_identity_batch_of_8(smollm2, tmp_path, capsys):
+    batch = PROMPTS[:8]
+    rows = generate_json(tmp_path, capsys, batch, batch_size=8)
+    prompt_ids = [row["prompt_token_ids"] for row in rows]
+    assert len({len(p) for p in prompt_ids}) > 1, "prompts of different lengths exercise the padding"
+    width = max(map(len, prompt_ids))
+    pad = smollm2.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    with torch.no_grad():
+        out = smollm2.model.generate(
+            ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
+            eos_token_id=smollm2.eos_token_ids, pad_token_id=pad,
+        )  # fmt: skip
+    for row, hf_row in zip(rows, out[:, width:].tolist()):
+        n = len(row["token_ids"])
+        assert row["token_ids"] == hf_row[:n]
+        assert n == MAX_NEW or row["token_ids"][-1] in smollm2.eos_token_ids
+    # Padded rows give the same tokens as unpadded ones (each prompt alone).
+    for row in rows:
+        assert row["token_ids"] == hf_generate(smollm2, row["prompt_token_ids"], MAX_NEW)
