@@ -41,7 +41,13 @@ class TargetOutput:
 def pick_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise BadInputError("--device", device, "auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadInputError("--device", device, "auto or cpu", "no CUDA device is available here")
+    return dev
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -90,6 +90,7 @@ def short_context_dir(tmp_path_factory):
         (["--batch-size", "0"], "--batch-size"),
         (["--draft", "ngram"], "--draft"),
         (["--dtype", "float8"], "--dtype"),
+        (["--device", "tpu9"], "--device"),
     ],
 )
 def test_bad_flags_exit_2(tiny_dir, capsys, extra, field):
