@@ -19,19 +19,31 @@ from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.target import Target
 
 
-@torch.inference_mode()
 def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """transformers `generate(do_sample=False)` continuing prompt_ids; returns new tokens (EOS kept)."""
-    input_ids = torch.tensor([prompt_ids], device=target.device)
+    return hf_generate_batch(target, [prompt_ids], max_new_tokens)[0]
+
+
+@torch.inference_mode()
+def hf_generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """`generate(do_sample=False)` on a left-padded batch; new tokens per row, cut after the first EOS."""
+    width = max(map(len, prompts))
+    pad = target.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
     out = target.model.generate(
         input_ids,
-        attention_mask=torch.ones_like(input_ids),
+        attention_mask=mask,
         do_sample=False,
         max_new_tokens=max_new_tokens,
         eos_token_id=target.eos_token_ids,
-        pad_token_id=target.pad_token_id,
+        pad_token_id=pad,
     )
-    return out[0, len(prompt_ids) :].tolist()
+    rows = []
+    for row in out[:, width:].tolist():
+        ends = [i for i, tok in enumerate(row) if tok in target.eos_token_ids]
+        rows.append(row[: ends[0] + 1] if ends else row)
+    return rows
 
 
 @dataclass

@@ -8,7 +8,7 @@ from tiny_models import tiny_model, tiny_tokenizer
 from draftsmith.runtime.engine import generate_plain
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
-from draftsmith.runtime.side_by_side import hf_generate
+from draftsmith.runtime.side_by_side import hf_generate, hf_generate_batch
 from draftsmith.runtime.target import Target
 
 GREEDY = SamplingParams()
@@ -23,24 +23,6 @@ def prompts(n, seed=0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(2, 14, (n,), generator=g)
     return [torch.randint(6, 128, (int(k),), generator=g).tolist() for k in lengths]
-
-
-def hf_batch_generate(target, batch, max_new):
-    """transformers generate() on a left-padded batch; new tokens per row, cut after the first EOS."""
-    width = max(map(len, batch))
-    pad = target.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-    with torch.no_grad():
-        out = target.model.generate(
-            ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
-            eos_token_id=target.eos_token_ids, pad_token_id=pad,
-        )  # fmt: skip
-    rows = []
-    for row in out[:, width:].tolist():
-        eos = [i for i, t in enumerate(row) if t in target.eos_token_ids]
-        rows.append(row[: eos[0] + 1] if eos else row)
-    return rows
 
 
 def test_greedy_matches_generate_single_prompts(target):
@@ -59,7 +41,7 @@ def test_greedy_batches_match_generate_and_unpadded_rows(target, batch_size):
     assert [r.token_ids for r in batched] == [r.token_ids for r in single]
     expected = []
     for start in range(0, 8, batch_size):
-        expected += hf_batch_generate(target, batch[start : start + batch_size], 24)
+        expected += hf_generate_batch(target, batch[start : start + batch_size], 24)
     assert [r.token_ids for r in batched] == expected
 
 

@@ -4,10 +4,8 @@ at a time and in a batch of 8 (left padding). Zero mismatches allowed."""
 
 import json
 
-import torch
-
 from draftsmith.runtime.cli import main
-from draftsmith.runtime.side_by_side import hf_generate
+from draftsmith.runtime.side_by_side import hf_generate, hf_generate_batch
 
 PROMPTS = [
     "What is 2+2?",
@@ -83,19 +81,10 @@ def test_greedy_identity_batch_of_8(smollm2, tmp_path, capsys):
     rows = generate_json(tmp_path, capsys, batch, batch_size=8)
     prompt_ids = [row["prompt_token_ids"] for row in rows]
     assert len({len(p) for p in prompt_ids}) > 1, "prompts of different lengths exercise the padding"
-    width = max(map(len, prompt_ids))
-    pad = smollm2.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
-    with torch.no_grad():
-        out = smollm2.model.generate(
-            ids, attention_mask=mask, do_sample=False, max_new_tokens=MAX_NEW,
-            eos_token_id=smollm2.eos_token_ids, pad_token_id=pad,
-        )  # fmt: skip
-    for row, hf_row in zip(rows, out[:, width:].tolist()):
-        n = len(row["token_ids"])
-        assert row["token_ids"] == hf_row[:n]
-        assert n == MAX_NEW or row["token_ids"][-1] in smollm2.eos_token_ids
+    expected = hf_generate_batch(smollm2, prompt_ids, MAX_NEW)
+    assert [row["token_ids"] for row in rows] == expected
+    for row in rows:
+        assert len(row["token_ids"]) == MAX_NEW or row["token_ids"][-1] in smollm2.eos_token_ids
     # Padded rows give the same tokens as unpadded ones (each prompt alone).
     for row in rows:
         assert row["token_ids"] == hf_generate(smollm2, row["prompt_token_ids"], MAX_NEW)
