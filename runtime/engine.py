@@ -67,7 +67,7 @@ def generate_plain(
         raise BadInputError("batch_size", batch_size, "an integer >= 1")
     results: list[GenerationResult] = []
     starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc="generate", unit="batch", disable=not progress):
+    for start in tqdm(starts, desc="generate", unit="batch", disable=not progress or len(starts) < 2):
         rows = list(range(start, min(start + batch_size, len(prompts))))
         generators = None if params.greedy else make_generators(seed, rows, target.device)
         results += decode_batch(target, [prompts[r] for r in rows], params, max_new_tokens, generators)
