@@ -6,6 +6,7 @@ from tiny_models import tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.target import Target
+from draftsmith.runtime.tree import Tree, attention_mask, path_to, position_ids
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 ATOL = 1e-5
@@ -67,44 +68,24 @@ def test_left_padded_row_equals_unpadded(target):
     assert_close(target.logits(step.hidden[0, -1]), full)
 
 
-# A tree of 5 nodes after the prefix: 0 -> (1, 2), 1 -> 3, 2 -> 4. parents[-1] = root (the prefix).
-PARENTS = [-1, 0, 0, 1, 2]
-DEPTHS = [0, 1, 1, 2, 2]
-
-
-def tree_mask(parents):
-    n = len(parents)
-    mask = torch.eye(n, dtype=torch.bool)
-    for i in range(n):
-        j = parents[i]
-        while j >= 0:
-            mask[i, j] = True
-            j = parents[j]
-    return mask
-
-
-def path_to(node):
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = PARENTS[node]
-    return path[::-1]
+# A root (the last committed token) and 5 drafted nodes: root -> 1 -> (2, 3), 2 -> 4, 3 -> 5.
+TREE = Tree((-1, 0, 1, 1, 2, 3))
 
 
 def test_tree_verification_equals_causal_forward_per_path(target):
     prefix = torch.randint(6, 128, (1, 6))
-    nodes = torch.randint(6, 128, (1, len(PARENTS)))
+    nodes = torch.randint(6, 128, (1, TREE.size))
     cache = target.new_cache(1, 32)
     target.forward(prefix, cache)
-    positions = 6 + torch.tensor([DEPTHS])
-    out = target.forward(nodes, cache, positions, tree_mask=tree_mask(PARENTS))
+    positions = position_ids(TREE, prefix_len=6)[None]  # [1, N]
+    out = target.forward(nodes, cache, positions, tree_mask=attention_mask(TREE))
     tree_logits = target.logits(out.hidden[0])  # [N, V]
-    for node in range(len(PARENTS)):
-        seq = torch.cat([prefix, nodes[:, path_to(node)]], dim=1)
+    for node in range(TREE.size):
+        seq = torch.cat([prefix, nodes[:, path_to(TREE, node)]], dim=1)
         assert_close(tree_logits[node], hf_logits(target, seq)[-1])
 
-    # Accept the path 0 -> 2 -> 4: compact the cache, then continue without recomputing anything.
-    accepted = path_to(4)
+    # Accept the path 0 -> 1 -> 3 -> 5: compact the cache, then continue without recomputing anything.
+    accepted = path_to(TREE, 5)
     cache.compact(start=6, keep=torch.tensor([[6 + i for i in accepted]]))
     assert cache.length == 6 + len(accepted)
     step = target.forward(torch.tensor([[11]]), cache, torch.tensor([[6 + len(accepted)]]))

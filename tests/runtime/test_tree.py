@@ -1,0 +1,103 @@
+"""Tree structure and its pure functions: mask = ancestor-or-self, positions = prefix + depth, paths."""
+
+import random
+
+import pytest
+import torch
+
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.tree import (
+    MAX_TREE_NODES,
+    PRESETS,
+    Tree,
+    attention_mask,
+    chain,
+    from_paths,
+    parse_tree_spec,
+    path_to,
+    position_ids,
+    retrieve_indices,
+)
+
+
+def random_tree(n, seed):
+    rng = random.Random(seed)
+    return Tree(tuple([-1] + [rng.randrange(i) for i in range(1, n)]))
+
+
+def ancestors(tree, i):
+    out = set()
+    while i >= 0:
+        out.add(i)
+        i = tree.parents[i]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_mask_is_ancestor_or_self(seed):
+    tree = random_tree(2 + seed, seed)
+    mask = attention_mask(tree)
+    for i in range(tree.size):
+        assert {j for j in range(tree.size) if mask[i, j]} == ancestors(tree, i)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_positions_depths_and_paths(seed):
+    tree = random_tree(12, seed)
+    assert position_ids(tree, 7).tolist() == [7 + d for d in tree.depths]
+    for node in range(tree.size):
+        path = path_to(tree, node)
+        assert path[0] == 0 and path[-1] == node and len(path) == tree.depths[node] + 1
+        assert all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+    # Every leaf appears in exactly one retrieval row, and the rows cover every node.
+    rows = retrieve_indices(tree)
+    assert sorted(r[r >= 0][-1].item() for r in rows) == sorted(tree.leaves)
+    assert set(rows[rows >= 0].tolist()) == set(range(tree.size))
+
+
+def test_chain():
+    tree = chain(4)
+    assert tree.parents == (-1, 0, 1, 2, 3) and tree.depths == (0, 1, 2, 3, 4)
+    assert torch.equal(attention_mask(tree), torch.ones(5, 5, dtype=torch.bool).tril())
+    assert tree.leaves == (4,)
+
+
+def test_from_paths_orders_by_depth_then_rank():
+    tree = from_paths([[0, 0], [1], [0], [0, 1]])
+    assert tree.parents == (-1, 0, 0, 1, 1)
+    assert tree.children(0) == [1, 2] and tree.children(1) == [3, 4]
+
+
+def test_presets_and_specs_parse():
+    for name, paths in PRESETS.items():
+        tree = parse_tree_spec(f"static:{name}")
+        assert tree.size == len(paths) + 1
+    assert parse_tree_spec("chain:3") == chain(3)
+    assert parse_tree_spec("static:[-1, 0, 0, 2]").parents == (-1, 0, 0, 2)
+    assert parse_tree_spec("static:[[0], [0, 0], [1]]").parents == (-1, 0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("chain:0", "chain:K"),
+        ("chain:x", "chain:K"),
+        (f"chain:{MAX_TREE_NODES}", "chain:K"),
+        ("static:nope", "static:NAME"),
+        ("static:[-1, 2, 0]", "topological"),
+        ("static:[0, 0]", "starting with -1"),
+        ("static:[[0, 0]]", "prefix"),
+        ("static:[[1]]", "child rank 0"),
+        ("static:{}", "list of paths"),
+        ("tree:3", "one of chain:K"),
+    ],
+)
+def test_bad_specs_are_named(spec, message):
+    with pytest.raises(BadInputError) as err:
+        parse_tree_spec(spec)
+    assert message in str(err.value)
+
+
+def test_node_limit():
+    with pytest.raises(BadInputError, match="at most"):
+        Tree(tuple(range(-1, MAX_TREE_NODES)))
