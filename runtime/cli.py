@@ -18,7 +18,14 @@ import time
 
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
-DRAFTS_AVAILABLE = ("none",)  # the speculative drafters arrive with the runtime issue
+DRAFT_HELP = (
+    "none (plain decoding), ngram (prompt lookup), self:layers=N (the target's first N layers), "
+    "model:TARGET (a draft LM sharing the tokenizer); eagle3:DIR and mtp:DIR arrive with their heads"
+)
+TREE_HELP = (
+    "chain:K, static:NAME (binary-3, wide-4, deep-6) or static:JSON (paths of child ranks or parent ids), "
+    "dynamic:depth=D,topk=K,tokens=N (EAGLE-2 style, grown each cycle)"
+)
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -75,9 +82,8 @@ def add_generate(sub) -> None:
         ),
     )
     add_target_args(p)
-    p.add_argument(
-        "--draft", default="none", help=f"draft spec; available now: {', '.join(DRAFTS_AVAILABLE)}"
-    )
+    p.add_argument("--draft", default="none", help=f"draft spec: {DRAFT_HELP}")
+    p.add_argument("--tree", default="chain:4", help=f"what to draft each cycle: {TREE_HELP}")
     p.add_argument("--temperature", type=_finite_float("--temperature"), default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=_finite_float("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
     p.add_argument("--top-k", type=_int("--top-k"), default=0, help="keep the k most likely tokens; 0 = off")
@@ -97,13 +103,15 @@ def add_generate(sub) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> None:
-    from draftsmith.runtime.engine import generate_plain
+    from draftsmith.runtime.drafting import build_drafter
+    from draftsmith.runtime.engine import accept_rates, generate_plain
     from draftsmith.runtime.prompts import read_prompts_file
     from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.speculative import generate_speculative
     from draftsmith.runtime.target import Target
+    from draftsmith.runtime.tree import parse_tree_spec
 
-    if args.draft not in DRAFTS_AVAILABLE:
-        raise BadInputError("--draft", args.draft, f"one of {list(DRAFTS_AVAILABLE)}")
+    tree = parse_tree_spec(args.tree)
     params = SamplingParams(args.temperature, args.top_p, args.top_k).validate()
     if args.max_new_tokens < 1:
         raise BadInputError("--max-new-tokens", args.max_new_tokens, "an integer >= 1")
@@ -111,11 +119,14 @@ def run_generate(args: argparse.Namespace) -> None:
         raise BadInputError("--batch-size", args.batch_size, "an integer >= 1")
     texts = [args.prompt] if args.prompt is not None else read_prompts_file(args.prompts)
     target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    drafter = build_drafter(args.draft, target, tree)
     prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
     start = time.perf_counter()
-    results = generate_plain(
-        target, prompt_ids, params, args.max_new_tokens, args.seed, args.batch_size, progress=not args.json
-    )
+    run = (args.max_new_tokens, args.seed, args.batch_size)
+    if drafter is None:
+        results = generate_plain(target, prompt_ids, params, *run, progress=not args.json)
+    else:
+        results = generate_speculative(target, drafter, prompt_ids, params, *run, progress=not args.json)
     wall = time.perf_counter() - start
     for text, res in zip(texts, results, strict=True):
         if args.json:
@@ -124,14 +135,18 @@ def run_generate(args: argparse.Namespace) -> None:
             print(target.decode(res.token_ids), end="\n\n" if len(results) > 1 else "\n", flush=True)
     new = sum(r.new_tokens for r in results)
     forwards = sum(r.target_forwards for r in results)
+    rates = accept_rates(
+        [a for r in results for a in r.accepted_lengths], [d for r in results for d in r.draft_depths]
+    )
     logging.getLogger("draftsmith").info(
-        "%d prompt(s), %d new tokens in %.2f s (%.1f tok/s), %d target forwards, tau %.2f",
+        "%d prompt(s), %d new tokens in %.2f s (%.1f tok/s), %d target forwards, tau %.2f%s",
         len(results),
         new,
         wall,
         new / wall,
         forwards,
         new / max(forwards, 1),
+        f", acceptance per position {[round(r, 2) for r in rates]}" if rates else "",
     )
 
 
@@ -144,8 +159,10 @@ def result_row(target, prompt: str, res) -> dict:
         "new_tokens": res.new_tokens,
         "finish_reason": res.finish_reason,
         "target_forwards": res.target_forwards,
-        "mean_accepted": res.new_tokens / res.target_forwards,  # tau: 1.0 for plain decoding
-        "accept_rate_per_position": [],  # no drafted positions without a draft
+        "draft_forwards": res.draft_forwards,
+        "mean_accepted": round(res.mean_accepted, 4),  # tau: 1.0 for plain decoding
+        "accept_rate_per_position": [round(r, 4) for r in res.accept_rate_per_position],
+        "cycles": len(res.accepted_lengths),
         "wall_s": round(res.wall_s, 4),
         "tokens_per_s": round(res.new_tokens / res.wall_s, 3),
     }

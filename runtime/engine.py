@@ -12,12 +12,13 @@ target's context.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
 from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.sampling import SamplingParams, make_generators, next_tokens
 from draftsmith.runtime.target import Target
 
@@ -29,10 +30,32 @@ class GenerationResult:
     finish_reason: str  # "eos", "length" or "context"
     target_forwards: int  # forwards this row took part in (prefill included)
     wall_s: float  # wall time of the batch this row ran in
+    draft_forwards: int = 0  # draft model forwards this row took part in
+    accepted_lengths: list[int] = field(default_factory=list)  # per cycle: drafted tokens accepted
+    draft_depths: list[int] = field(default_factory=list)  # per cycle: depth of the drafted tree
 
     @property
     def new_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def mean_accepted(self) -> float:
+        """tau: tokens committed per target forward, the bonus token (and the prefill's token) counted."""
+        return self.new_tokens / max(self.target_forwards, 1)
+
+    @property
+    def accept_rate_per_position(self) -> list[float]:
+        return accept_rates(self.accepted_lengths, self.draft_depths)
+
+
+def accept_rates(accepted_lengths: list[int], draft_depths: list[int]) -> list[float]:
+    """[k-1] = share of the cycles that drafted a k-th token in which that token was accepted."""
+    pairs = list(zip(accepted_lengths, draft_depths, strict=True))
+    rates = []
+    for k in range(1, max(draft_depths, default=0) + 1):
+        tried = [a for a, d in pairs if d >= k]
+        rates.append(sum(a >= k for a in tried) / len(tried))
+    return rates
 
 
 def check_prompts(target: Target, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -74,6 +97,35 @@ def generate_plain(
     return results
 
 
+def prefill(target: Target, prompts: list[list[int]], extra: int) -> tuple[KVCache, torch.Tensor]:
+    """Left-pad the prompts, run them through the target -> (cache, logits after each prompt [B, V])."""
+    device, batch = target.device, len(prompts)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((batch, width), target.pad_token_id, dtype=torch.long)
+    valid = torch.zeros(batch, width, dtype=torch.bool)
+    for i, ids in enumerate(prompts):  # left padding
+        input_ids[i, width - len(ids) :] = torch.tensor(ids)
+        valid[i, width - len(ids) :] = True
+    input_ids, valid = input_ids.to(device), valid.to(device)
+    positions = (valid.cumsum(dim=1) - 1).clamp(min=0)  # [B, T]
+    cache = target.new_cache(batch, width + extra)
+    out = target.forward(input_ids, cache, positions, token_valid=valid)
+    return cache, target.logits(out.hidden[:, -1])  # [B, V]
+
+
+def token_budgets(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[int]:
+    return [min(max_new_tokens, target.max_context - len(p)) for p in prompts]
+
+
+def stop_reason(token: int, emitted: int, budget: int, max_new_tokens: int, eos: set[int]) -> str:
+    """Why a row stops after emitting `token` as its `emitted`-th new token ("" = it goes on)."""
+    if token in eos:
+        return "eos"
+    if emitted >= budget:
+        return "length" if budget == max_new_tokens else "context"
+    return ""
+
+
 @torch.inference_mode()
 def decode_batch(
     target: Target,
@@ -84,20 +136,9 @@ def decode_batch(
 ) -> list[GenerationResult]:
     start_time = time.perf_counter()
     device, batch = target.device, len(prompts)
-    width = max(len(p) for p in prompts)
-    budget = [min(max_new_tokens, target.max_context - len(p)) for p in prompts]
-    input_ids = torch.full((batch, width), target.pad_token_id, dtype=torch.long)
-    valid = torch.zeros(batch, width, dtype=torch.bool)
-    for i, ids in enumerate(prompts):  # left padding
-        input_ids[i, width - len(ids) :] = torch.tensor(ids)
-        valid[i, width - len(ids) :] = True
-    input_ids, valid = input_ids.to(device), valid.to(device)
-    positions = (valid.cumsum(dim=1) - 1).clamp(min=0)  # [B, T]
-    next_pos = valid.sum(dim=1, keepdim=True)  # [B, 1]
-
-    cache = target.new_cache(batch, width + max(budget))
-    out = target.forward(input_ids, cache, positions, token_valid=valid)
-    logits = target.logits(out.hidden[:, -1])  # [B, V]
+    budget = token_budgets(target, prompts, max_new_tokens)
+    cache, logits = prefill(target, prompts, max(budget))
+    next_pos = torch.tensor([[len(p)] for p in prompts], device=device)  # [B, 1]
     eos = set(target.eos_token_ids)
     tokens: list[list[int]] = [[] for _ in range(batch)]
     forwards = [1] * batch
@@ -108,10 +149,7 @@ def decode_batch(
             if finish[i]:
                 continue
             tokens[i].append(tok)
-            if tok in eos:
-                finish[i] = "eos"
-            elif len(tokens[i]) >= budget[i]:
-                finish[i] = "length" if budget[i] == max_new_tokens else "context"
+            finish[i] = stop_reason(tok, len(tokens[i]), budget[i], max_new_tokens, eos)
         if all(finish):
             break
         # Finished rows keep stepping on their last token (fixed batch shape); their outputs are unused.

@@ -71,19 +71,29 @@ class KVCache:
         self.valid[:, length:] = False
         self.length = length
 
-    def compact(self, start: int, keep: torch.Tensor) -> None:
+    def compact(self, start: int, keep: torch.Tensor, keep_valid: torch.Tensor | None = None) -> None:
         """Move slots keep [B, n] (absolute slot ids >= start, increasing) to start..start+n, drop the rest.
 
         Used after tree verification: the accepted path's K/V are already computed, so we gather them
-        instead of running the target again."""
+        instead of running the target again. Rows that keep fewer slots pad `keep` with any slot id and
+        pass keep_valid [B, n] False there: those slots become holes."""
         n = keep.shape[1]
         idx = keep[:, None, :, None]  # [B, 1, n, 1]
         for cache in (self.keys, self.values):
             for t in cache:
                 gathered = t.gather(2, idx.expand(-1, t.shape[1], -1, t.shape[3]))  # [B, Hkv, n, D]
                 t[:, :, start : start + n] = gathered
-        self.valid[:, start : start + n] = self.valid.gather(1, keep)
+        kept_valid = self.valid.gather(1, keep)
+        if keep_valid is not None:
+            kept_valid &= keep_valid
+        self.valid[:, start : start + n] = kept_valid
         self.crop(start + n)
+
+    def retain(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (finished rows leave the batch)."""
+        self.keys = [t[rows] for t in self.keys]
+        self.values = [t[rows] for t in self.values]
+        self.valid = self.valid[rows]
 
     def _grow(self, capacity: int) -> None:
         def grow(t: torch.Tensor) -> torch.Tensor:

@@ -180,7 +180,7 @@ class Target:
         cache: KVCache,
         position_ids: torch.Tensor | None = None,  # [B, T]; default: continue after the cache
         token_valid: torch.Tensor | None = None,  # [B, T] bool; False = padding
-        tree_mask: torch.Tensor | None = None,  # [T, T] or [B, T, T] bool, node sees ancestors + self
+        tree_mask: torch.Tensor | None = None,  # [B?, T, W] bool over the last W >= T slots (masks.py)
         num_layers: int | None = None,
         capture_layers: tuple[int, ...] = (),
     ) -> TargetOutput:

@@ -6,12 +6,14 @@ nodes 1..N-1 as drafted tokens, numbered topologically (a parent comes before it
     tree = parse_tree_spec("static:[[0], [1], [0, 0], [0, 1], [0, 0, 0]]")   # paths of child ranks
     tree.parents      # (-1, 0, 0, 1, 1, 3)
     tree.depths       # (0, 1, 1, 2, 2, 3)
-    attention_mask(tree)            # [N, N] bool: node i sees j iff j is i or an ancestor of i
+    ancestor_mask(tree)            # [N, N] bool: node i sees j iff j is i or an ancestor of i
     position_ids(tree, prefix_len)  # [N] = prefix_len + depth
     path_to(tree, 5)                # [0, 1, 3, 5]: root to node
 
 A path of child ranks `[0, 1]` means "the first child of the root, then its second child" (the Medusa /
-EAGLE static-tree notation). Only torch is imported; nothing here knows about models.
+EAGLE static-tree notation). `dynamic:depth=D,topk=K,tokens=N` is not a fixed shape: the drafter grows
+it each cycle (EAGLE-2, Li et al. 2024) and `best_subtree` keeps the N most likely nodes.
+Only torch is imported; nothing here knows about models.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def from_paths(paths: list[list[int]]) -> Tree:
     return Tree(tuple(parents))
 
 
-def attention_mask(tree: Tree) -> torch.Tensor:
+def ancestor_mask(tree: Tree) -> torch.Tensor:
     """[N, N] bool: row i is True at i and at every ancestor of i."""
     n = tree.size
     mask = torch.eye(n, dtype=torch.bool)
@@ -130,9 +132,62 @@ def retrieve_indices(tree: Tree) -> torch.Tensor:
     return out
 
 
-def parse_tree_spec(spec: str) -> Tree:
-    """`chain:K` or `static:NAME_OR_JSON` (JSON: a list of child-rank paths, or of parent ids)."""
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2 dynamic tree: `depth` levels; each level expands the `topk` most likely frontier nodes
+    (by cumulative draft log-probability) into their `topk` most likely children; after the last level
+    the best `tokens` drafted nodes (root excluded) form the tree that is verified."""
+
+    depth: int
+    topk: int
+    tokens: int
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+    @property
+    def size(self) -> int:  # nodes including the root
+        return self.tokens + 1
+
+
+TreeSpec = Tree | DynamicTree
+
+DYNAMIC_HELP = "dynamic:depth=D,topk=K,tokens=N with D, K >= 1 and D <= N <= min(K + (D-1)*K*K, {})"
+
+
+def best_subtree(parents: list[int], scores: list[float], n: int) -> tuple[Tree, list[int]]:
+    """Keep the root and the n best-scoring candidate nodes; return the tree and the kept candidate ids.
+
+    parents/scores describe candidates in creation order (parents[0] = -1, the root; a parent is created
+    before its children). Scores are cumulative log-probabilities, so a child never outscores its parent;
+    ties go to the earlier candidate, hence the kept set always contains every kept node's ancestors."""
+    order = sorted(range(1, len(parents)), key=lambda i: (-scores[i], i))[:n]
+    kept = [0, *sorted(order)]  # creation order is topological
+    new_id = {old: new for new, old in enumerate(kept)}
+    try:
+        tree = Tree(tuple(-1 if old == 0 else new_id[parents[old]] for old in kept))
+    except KeyError:
+        raise ValueError("scores must not increase from a parent to its child") from None
+    return tree, kept
+
+
+def _parse_dynamic(spec: str, arg: str) -> DynamicTree:
+    fields = dict(part.partition("=")[::2] for part in arg.split(",")) if arg else {}
+    if set(fields) != {"depth", "topk", "tokens"} or not all(v.isdigit() for v in fields.values()):
+        raise BadInputError("--tree", spec, DYNAMIC_HELP.format(MAX_TREE_NODES - 1))
+    d, k, n = (int(fields[key]) for key in ("depth", "topk", "tokens"))
+    if not (1 <= d and 1 <= k and d <= n <= min(k + (d - 1) * k * k, MAX_TREE_NODES - 1)):
+        raise BadInputError("--tree", spec, DYNAMIC_HELP.format(MAX_TREE_NODES - 1))
+    return DynamicTree(d, k, n)
+
+
+def parse_tree_spec(spec: str) -> TreeSpec:
+    """`chain:K`, `static:NAME_OR_JSON` (JSON: a list of child-rank paths, or of parent ids), or
+    `dynamic:depth=D,topk=K,tokens=N`."""
     kind, _, arg = spec.partition(":")
+    if kind == "dynamic":
+        return _parse_dynamic(spec, arg)
     if kind == "chain":
         if not arg.isdigit() or not 1 <= int(arg) < MAX_TREE_NODES:
             raise BadInputError("--tree", spec, f"chain:K with an integer K in [1, {MAX_TREE_NODES})")
@@ -152,5 +207,8 @@ def parse_tree_spec(spec: str) -> Tree:
             return Tree(tuple(value))
         raise BadInputError("--tree", spec, "static:JSON with a list of paths or a list of parent ids")
     raise BadInputError(
-        "--tree", spec, f"one of chain:K, static:NAME ({', '.join(sorted(PRESETS))}), static:JSON"
+        "--tree",
+        spec,
+        f"one of chain:K, static:NAME ({', '.join(sorted(PRESETS))}), static:JSON, "
+        "dynamic:depth=D,topk=K,tokens=N",
     )

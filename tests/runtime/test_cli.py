@@ -77,6 +77,33 @@ def short_context_dir(tmp_path_factory):
     return make_tiny_dir(tmp_path_factory.mktemp("tiny-ctx"), max_positions=8)
 
 
+def test_generate_speculative_json_equals_plain(tiny_dir, capsys):
+    argv = [
+        "generate",
+        "--target",
+        str(tiny_dir),
+        "--prompt",
+        "w1 w2 w1 w2 w1",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    plain = json.loads(out)
+    for draft, tree in [("self:layers=2", "chain:3"), ("ngram", "dynamic:depth=3,topk=2,tokens=5")]:
+        code, out, err = run([*argv, "--draft", draft, "--tree", tree], capsys)
+        assert code == 0, err
+        row = json.loads(out)
+        assert CONTRACT_FIELDS <= row.keys()
+        assert row["token_ids"] == plain["token_ids"]
+        assert row["mean_accepted"] == round(row["new_tokens"] / row["target_forwards"], 4)
+        assert len(row["accept_rate_per_position"]) == 3
+        assert all(0.0 <= r <= 1.0 for r in row["accept_rate_per_position"])
+        assert row["cycles"] == row["target_forwards"] - 1  # the prefill makes the first token
+        assert "tau" in err
+
+
 @pytest.mark.parametrize(
     "extra, field",
     [
@@ -88,7 +115,15 @@ def short_context_dir(tmp_path_factory):
         (["--top-k", "2.5"], "--top-k"),
         (["--max-new-tokens", "0"], "--max-new-tokens"),
         (["--batch-size", "0"], "--batch-size"),
-        (["--draft", "ngram"], "--draft"),
+        (["--draft", "nope"], "--draft"),
+        (["--draft", "self:layers=0"], "--draft"),
+        (["--draft", "self:layers=3"], "--draft"),  # the tiny target has 3 layers: N in 1..2
+        (["--draft", "eagle3:/nowhere"], "--draft"),
+        (["--tree", "pyramid:3"], "--tree"),
+        (["--tree", "chain:0"], "--tree"),
+        (["--tree", "static:[-1, 0, 5]"], "tree parents[2]"),
+        (["--tree", "dynamic:depth=2,topk=2"], "--tree"),
+        (["--draft", "ngram", "--tree", "static:binary-3"], "--tree"),
         (["--dtype", "float8"], "--dtype"),
         (["--device", "tpu9"], "--device"),
     ],

@@ -6,7 +6,7 @@ from tiny_models import tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import Tree, attention_mask, path_to, position_ids
+from draftsmith.runtime.tree import Tree, ancestor_mask, path_to, position_ids
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 ATOL = 1e-5
@@ -78,7 +78,7 @@ def test_tree_verification_equals_causal_forward_per_path(target):
     cache = target.new_cache(1, 32)
     target.forward(prefix, cache)
     positions = position_ids(TREE, prefix_len=6)[None]  # [1, N]
-    out = target.forward(nodes, cache, positions, tree_mask=attention_mask(TREE))
+    out = target.forward(nodes, cache, positions, tree_mask=ancestor_mask(TREE))
     tree_logits = target.logits(out.hidden[0])  # [N, V]
     for node in range(TREE.size):
         seq = torch.cat([prefix, nodes[:, path_to(TREE, node)]], dim=1)

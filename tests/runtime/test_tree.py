@@ -10,7 +10,7 @@ from draftsmith.runtime.tree import (
     MAX_TREE_NODES,
     PRESETS,
     Tree,
-    attention_mask,
+    ancestor_mask,
     chain,
     from_paths,
     parse_tree_spec,
@@ -36,7 +36,7 @@ def ancestors(tree, i):
 @pytest.mark.parametrize("seed", range(20))
 def test_mask_is_ancestor_or_self(seed):
     tree = random_tree(2 + seed, seed)
-    mask = attention_mask(tree)
+    mask = ancestor_mask(tree)
     for i in range(tree.size):
         assert {j for j in range(tree.size) if mask[i, j]} == ancestors(tree, i)
 
@@ -58,7 +58,7 @@ def test_positions_depths_and_paths(seed):
 def test_chain():
     tree = chain(4)
     assert tree.parents == (-1, 0, 1, 2, 3) and tree.depths == (0, 1, 2, 3, 4)
-    assert torch.equal(attention_mask(tree), torch.ones(5, 5, dtype=torch.bool).tril())
+    assert torch.equal(ancestor_mask(tree), torch.ones(5, 5, dtype=torch.bool).tril())
     assert tree.leaves == (4,)
 
 

@@ -1,0 +1,114 @@
+"""The drafter protocol and the registry that turns a `--draft` spec into a drafter.
+
+A drafter proposes, once per speculative cycle and for every row of the batch, a tree of candidate
+tokens rooted at the last committed token, together with the distribution each token was drawn from:
+
+    drafter = build_drafter("self:layers=24", target, parse_tree_spec("chain:4"))
+    drafter.start(prompts, params, generators)     # a new batch (its own caches, its own random streams)
+    drafts = drafter.propose(contexts)             # contexts[i] = committed tokens of row i, root last
+    drafter.commit(accepted)                       # accepted[i] = node ids the target accepted in row i
+    drafter.retain(rows)                           # rows still running, after some finished
+
+`commit` rolls the drafter back to the accepted path (its caches keep exactly the committed tokens
+they have already computed); the tokens it has not seen yet, including the recovered or bonus token,
+reach it as the head of the next `contexts`. Draft specs (ARCHITECTURE.md section 4):
+
+    none            plain decoding
+    ngram           prompt lookup in the context (no model)
+    self:layers=N   the target's first N layers + its final norm and LM head (self-speculation)
+    model:TARGET    a standalone draft LM sharing the target's tokenizer (alias, folder, Hub id, .gguf)
+    eagle3:DIR      EAGLE-3 head (arrives with the EAGLE-3 issue)
+    mtp:DIR         MTP head (arrives with the MTP issue)
+
+This registry is the only place that switches on a drafter's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.tree import Tree, TreeSpec
+
+
+@dataclass
+class Draft:
+    tree: Tree
+    tokens: list[int]  # [N]; tokens[0] is the root (the last committed token)
+    draft_probs: torch.Tensor | None = None  # [N, V] law each token was drawn from; None = deterministic
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != self.tree.size:
+            raise ValueError(f"draft has {len(self.tokens)} tokens for a tree of {self.tree.size} nodes")
+
+
+def root_only(root: int) -> Draft:
+    """An empty draft: the cycle is one plain decoding step."""
+    return Draft(Tree((-1,)), [root])
+
+
+class Drafter:
+    """Base class: the no-op parts of the protocol. Subclasses implement `propose`."""
+
+    name = "drafter"
+
+    def __init__(self) -> None:
+        self.forwards = 0  # draft model forwards so far (each covers the whole batch)
+
+    def start(
+        self, prompts: list[list[int]], params: SamplingParams, generators: list[torch.Generator] | None
+    ) -> None:
+        self.params, self.generators = params, generators
+
+    def propose(self, contexts: list[list[int]]) -> list[Draft]:
+        raise NotImplementedError
+
+    def commit(self, accepted: list[list[int]]) -> None:
+        pass
+
+    def retain(self, rows: list[int]) -> None:
+        if self.generators is not None:
+            self.generators = [self.generators[r] for r in rows]
+
+
+DRAFT_SPECS = ("none", "ngram", "self:layers=N", "model:TARGET", "eagle3:DIR", "mtp:DIR")
+NOT_YET = {"eagle3": "the EAGLE-3 issue", "mtp": "the MTP issue"}
+
+
+def build_drafter(
+    spec: str, target, tree: TreeSpec, device: str = "auto", dtype: str = "auto"
+) -> Drafter | None:
+    """`--draft` spec -> a drafter for this target and tree (None for `none`)."""
+    kind, sep, arg = spec.partition(":")
+    if spec == "none":
+        return None
+    if spec == "ngram":
+        from draftsmith.runtime.ngram import NgramDrafter
+
+        return NgramDrafter(tree)
+    if kind == "self" and sep:
+        from draftsmith.runtime.lm_drafter import LMDrafter
+
+        return LMDrafter(target, tree, num_layers=_self_layers(spec, arg, target.num_layers))
+    if kind == "model" and arg:
+        from draftsmith.runtime.lm_drafter import LMDrafter, load_draft_model
+
+        return LMDrafter(load_draft_model(arg, target, device, dtype), tree)
+    if kind in NOT_YET and arg:
+        raise BadInputError(
+            "--draft", spec, f"one of {list(DRAFT_SPECS[:4])}", f"{kind} heads arrive with {NOT_YET[kind]}"
+        )
+    raise BadInputError("--draft", spec, f"one of {', '.join(DRAFT_SPECS)}")
+
+
+def _self_layers(spec: str, arg: str, num_layers: int) -> int:
+    key, _, value = arg.partition("=")
+    expected = (
+        f"self:layers=N with an integer N in [1, {num_layers - 1}] (the target has {num_layers} layers)"
+    )
+    if key != "layers" or not value.isdigit() or not 1 <= int(value) <= num_layers - 1:
+        raise BadInputError("--draft", spec, expected)
+    return int(value)

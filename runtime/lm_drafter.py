@@ -1,0 +1,280 @@
+"""Drafting with a causal LM over its own KV cache: `self:layers=N` and `model:TARGET`.
+
+    LMDrafter(target, tree, num_layers=24)     # self-speculation: the target's first 24 layers + norm + head
+    LMDrafter(load_draft_model("path/to/small-lm", target), tree)
+
+One cycle, for every row of the batch at once:
+  1. forward the committed tokens the drafter has not seen yet (right-padded per row; the last one is
+     the root), which gives the root's next-token logits;
+  2. grow the tree one depth at a time: choose the children of this depth's frontier from its logits,
+     then forward the new frontier with a mask that lets each node see the committed context, its
+     ancestors in this cycle and itself (masks.attention_mask over the cycle's slots). Nodes of the
+     deepest level are never forwarded: nobody needs their logits.
+  3. `commit` gathers the cache slots of the accepted path (KVCache.compact) and drops the rest; an
+     accepted node that was never forwarded is simply forwarded next cycle with the bonus token.
+
+Children: a static tree with siblings, and every dynamic tree (EAGLE-2, Li et al. 2024: expand the
+`topk` best frontier nodes by cumulative log-probability, keep the best `tokens` nodes at the end), take
+the top-ranked tokens deterministically (point masses for the acceptance rule). A chain at
+temperature > 0 samples each token from q = the draft's logits after the same temperature/top-k/top-p
+processing as the target, and hands q to the verifier (children="sample" does the same for static trees:
+i.i.d. siblings, SpecInfer's rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsmith.runtime.drafting import Draft, Drafter
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
+from draftsmith.runtime.target import Target
+from draftsmith.runtime.tree import DynamicTree, Tree, TreeSpec, best_subtree
+
+CHILDREN_MODES = ("auto", "topk", "sample")
+
+
+@dataclass
+class _Candidates:
+    """One row's drafted nodes in creation order (node 0 = root)."""
+
+    parents: list[int]
+    tokens: list[int]
+    scores: list[float]  # cumulative draft log-probability (dynamic trees)
+    probs: list[torch.Tensor | None]  # the law each token was drawn from (sampled children)
+    column: dict[int, int] = field(default_factory=dict)  # node -> its slot among this cycle's forwards
+
+    def add(self, parent: int, token: int, score: float = 0.0, q: torch.Tensor | None = None) -> int:
+        self.parents.append(parent)
+        self.tokens.append(token)
+        self.scores.append(score)
+        self.probs.append(q)
+        return len(self.tokens) - 1
+
+    def ancestors(self, node: int) -> list[int]:
+        out = []
+        while node > 0:
+            out.append(node)
+            node = self.parents[node]
+        return out
+
+
+class LMDrafter(Drafter):
+    def __init__(self, model: Target, tree: TreeSpec, num_layers: int | None = None, children: str = "auto"):
+        super().__init__()
+        if children not in CHILDREN_MODES:
+            raise BadInputError("children", children, f"one of {list(CHILDREN_MODES)}")
+        self.model, self.tree, self.num_layers, self.children = model, tree, num_layers, children
+        self.name = f"self:layers={num_layers}" if num_layers else f"model:{model.name}"
+        self.vocab_size = model.vocab_size  # set to the target's by load_draft_model
+
+    def start(self, prompts, params: SamplingParams, generators) -> None:
+        super().start(prompts, params, generators)
+        capacity = max(len(p) for p in prompts) + 4 * (self.tree.size + 1)
+        self.cache = self.model.new_cache(len(prompts), capacity, self.num_layers)
+        self.cached = [0] * len(prompts)  # committed tokens of each row already in the cache
+        is_chain = isinstance(self.tree, Tree) and all(
+            len(self.tree.children(i)) <= 1 for i in range(self.tree.size)
+        )
+        wants_sample = self.children == "sample" or (self.children == "auto" and is_chain)
+        self.sample = wants_sample and isinstance(self.tree, Tree) and not params.greedy
+
+    @torch.inference_mode()
+    def propose(self, contexts: list[list[int]]) -> list[Draft]:
+        pending = [ctx[seen:] for ctx, seen in zip(contexts, self.cached, strict=True)]
+        self.start_slot, self.pending_counts = self.cache.length, [len(p) for p in pending]
+        width = max(self.pending_counts)
+        ids = torch.zeros(len(pending), width, dtype=torch.long)
+        valid = torch.zeros(len(pending), width, dtype=torch.bool)
+        for row, tokens in enumerate(pending):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            valid[row, : len(tokens)] = True
+        positions = torch.tensor(self.cached)[:, None] + torch.arange(width)  # [B, Wp]
+        device = self.model.device
+        out = self.model.forward(
+            ids.to(device),
+            self.cache,
+            positions.to(device),
+            token_valid=valid.to(device),
+            num_layers=self.num_layers,
+        )
+        self.forwards += 1
+        last = torch.tensor(self.pending_counts, device=device) - 1
+        root_logits = self._logits(out.hidden[torch.arange(len(pending), device=device), last])  # [B, V]
+        root_pos = [seen + n - 1 for seen, n in zip(self.cached, self.pending_counts, strict=True)]
+        rows = [_Candidates([-1], [ctx[-1]], [0.0], [None]) for ctx in contexts]
+        if isinstance(self.tree, DynamicTree):
+            return self._grow_dynamic(rows, root_logits, root_pos)
+        return self._grow_static(rows, root_logits, root_pos)
+
+    def _grow_static(self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]) -> list[Draft]:
+        tree = self.tree
+        kids = [tree.children(i) for i in range(tree.size)]
+        levels = [
+            [0]
+        ]  # nodes in the order their candidates are created: level by level, children in rank order
+        while nxt := [c for n in levels[-1] for c in kids[n]]:
+            levels.append(nxt)
+        order = {node: i for i, node in enumerate(n for level in levels for n in level)}  # node -> candidate
+        logits = logits[:, None]  # [B, F, V]
+        for depth, level in enumerate(levels[:-1]):
+            frontier = [n for n in level if kids[n]]
+            if depth > 0:
+                logits = self._forward_level(
+                    rows, [[order[n] for n in frontier]] * len(rows), depth, root_pos
+                )
+            for b, row in enumerate(rows):
+                for j, node in enumerate(frontier):
+                    self._add_children(row, b, order[node], len(kids[node]), logits[b, j])
+        self.columns = []
+        return [self._draft(tree, row, [order[n] for n in range(tree.size)]) for row in rows]
+
+    def _grow_dynamic(
+        self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]
+    ) -> list[Draft]:
+        spec: DynamicTree = self.tree
+        frontier, logits = [[0] for _ in rows], logits[:, None]
+        for depth in range(spec.depth):
+            if depth > 0:
+                logits = self._forward_level(rows, frontier, depth, root_pos)
+            created = [[] for _ in rows]
+            for b, row in enumerate(rows):
+                for j, node in enumerate(frontier[b]):
+                    created[b] += self._add_children(row, b, node, spec.topk, logits[b, j])
+            frontier = [
+                sorted(new, key=lambda i, r=row: (-r.scores[i], i))[: spec.topk]
+                for new, row in zip(created, rows)
+            ]
+        drafts, self.columns = [], []
+        for row in rows:
+            tree, kept = best_subtree(row.parents, row.scores, spec.tokens)
+            drafts.append(self._draft(tree, row, kept))
+        return drafts
+
+    def _draft(self, tree: Tree, row: _Candidates, cand: list[int]) -> Draft:
+        """Tree node i is candidate cand[i]; remember which nodes have cache slots for `commit`."""
+        self.columns.append({i: row.column[c] for i, c in enumerate(cand) if c in row.column})
+        tokens = [row.tokens[c] for c in cand]
+        if not self.sample or tree.size == 1:
+            return Draft(tree, tokens)
+        probs = [row.probs[c] for c in cand[1:]]
+        root = torch.zeros_like(probs[0])
+        return Draft(tree, tokens, torch.stack([root, *probs]))  # [N, V]
+
+    def _add_children(
+        self, row: _Candidates, b: int, node: int, count: int, logits: torch.Tensor
+    ) -> list[int]:
+        """Draw `count` children of `node` from its logits [V]; returns their candidate ids."""
+        if count == 0:
+            return []
+        if self.sample:
+            q = logits_to_probs(logits, self.params)  # [V], the very law the tokens are drawn from
+            tokens = torch.multinomial(q, count, replacement=True, generator=self.generators[b]).tolist()
+            return [row.add(node, t, q=q) for t in tokens]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        top = torch.topk(logp, count)
+        base = row.scores[node]
+        return [
+            row.add(node, t, base + v) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+        ]
+
+    def _forward_level(
+        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, root_pos: list[int]
+    ):
+        """Forward this depth's frontier (the same count in every row) -> logits [B, F, V]."""
+        batch, width, done = len(rows), max(self.pending_counts), len(rows[0].column)
+        count = len(frontier[0])
+        ids = torch.tensor(
+            [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
+        )
+        mask = torch.zeros(batch, count, width + done + count, dtype=torch.bool)  # [B, F, W]
+        mask[:, :, :width] = True  # the committed context (padding is removed by the cache's valid mask)
+        for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True)):
+            for j, node in enumerate(nodes):
+                row.column[node] = done + j
+            for j, node in enumerate(nodes):
+                for anc in row.ancestors(node):
+                    mask[b, j, width + row.column[anc]] = True
+        positions = torch.tensor(root_pos)[:, None] + depth + torch.zeros(count, dtype=torch.long)  # [B, F]
+        device = self.model.device
+        out = self.model.forward(
+            ids.to(device),
+            self.cache,
+            positions.to(device),
+            tree_mask=mask.to(device),
+            num_layers=self.num_layers,
+        )
+        self.forwards += 1
+        return self._logits(out.hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits over the target's vocabulary (a draft LM's padded rows cut, missing ids at -inf)."""
+        logits = self.model.logits(hidden)
+        vocab = self.vocab_size
+        if logits.shape[-1] > vocab:
+            return logits[..., :vocab]
+        if logits.shape[-1] < vocab:
+            pad = logits.new_full((*logits.shape[:-1], vocab - logits.shape[-1]), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+    def commit(self, accepted: list[list[int]]) -> None:
+        width = max(self.pending_counts)
+        keep_rows = []
+        for b, nodes in enumerate(accepted):
+            slots = [self.start_slot + j for j in range(self.pending_counts[b])]
+            for node in nodes:  # the accepted path, root to leaf, while its slots exist
+                if node not in self.columns[b]:
+                    break
+                slots.append(self.start_slot + width + self.columns[b][node])
+            keep_rows.append(slots)
+            self.cached[b] += len(slots)
+        n = max(len(s) for s in keep_rows)
+        keep = torch.full((len(keep_rows), n), self.start_slot, dtype=torch.long)
+        keep_valid = torch.zeros(len(keep_rows), n, dtype=torch.bool)
+        for b, slots in enumerate(keep_rows):
+            keep[b, : len(slots)] = torch.tensor(slots)
+            keep_valid[b, : len(slots)] = True
+        device = self.model.device
+        self.cache.compact(self.start_slot, keep.to(device), keep_valid.to(device))
+
+    def retain(self, rows: list[int]) -> None:
+        super().retain(rows)
+        self.cache.retain(torch.tensor(rows, device=self.model.device))
+        self.cached = [self.cached[r] for r in rows]
+
+
+def load_draft_model(spec: str, target: Target, device: str = "auto", dtype: str = "auto") -> Target:
+    """Load a standalone draft LM on the target's device and dtype; refuse one whose tokenizer differs."""
+    dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
+        target.dtype
+    ]
+    draft = Target.load(spec, device=str(target.device), dtype=dtype_name)
+    check_same_tokenizer(draft, target, spec)
+    draft_vocab_ok = draft.vocab_size >= len(target.tokenizer)
+    if not draft_vocab_ok:
+        raise BadInputError(
+            "--draft", f"model:{spec}", f"a vocabulary of at least {len(target.tokenizer)} ids"
+        )
+    return draft
+
+
+def check_same_tokenizer(draft: Target, target: Target, spec: str) -> None:
+    ours, theirs = draft.tokenizer, target.tokenizer
+    if ours.get_vocab() != theirs.get_vocab():
+        diff = len(set(ours.get_vocab().items()) ^ set(theirs.get_vocab().items()))
+        raise BadInputError(
+            "--draft",
+            f"model:{spec}",
+            f"a model with {target.name}'s tokenizer",
+            f"the vocabularies differ in {diff} (token, id) pairs",
+        )
+    if draft.eos_token_ids != target.eos_token_ids:
+        raise BadInputError(
+            "--draft",
+            f"model:{spec}",
+            f"EOS ids {target.eos_token_ids} like the target",
+            f"got {draft.eos_token_ids}",
+        )

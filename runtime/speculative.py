@@ -1,0 +1,196 @@
+"""Speculative decoding: draft a tree, verify it in one target forward, accept losslessly, repeat.
+
+    drafter = build_drafter("self:layers=24", target, parse_tree_spec("dynamic:depth=4,topk=2,tokens=8"))
+    results = generate_speculative(target, drafter, prompts, SamplingParams(), max_new_tokens=128)
+    results[0].mean_accepted, results[0].accept_rate_per_position
+
+One cycle (ARCHITECTURE.md section 7), for all running rows of a batch at once:
+  1. propose  the drafter returns each row's tree (root = the row's last committed token) with the law
+              each drafted token was drawn from;
+  2. verify   one target forward over every row's tree: trees are padded to the same node count, each
+              node sees the committed context, its ancestors and itself (tree mask) at position
+              root position + depth;
+  3. accept   greedy or exact rejection sampling per row (acceptance.py) -> accepted path + one token;
+  4. commit   the target cache keeps the root and the accepted path's slots (KVCache.compact, no
+              recompute), the drafter rolls back to the same path, tokens are emitted one by one and a
+              row stops at EOS or at its token budget exactly where plain decoding would.
+Rows accept different lengths in the same cycle; shorter rows leave holes in the cache that the valid
+mask hides, and finished rows leave the batch. Prefill and the first token are plain decoding's own
+code, so with an empty draft every cycle reduces to a plain decoding step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.runtime.acceptance import (
+    Verdict,
+    accept_greedy,
+    accept_sampled,
+    generator_coin,
+    generator_draw,
+)
+from draftsmith.runtime.drafting import Draft, Drafter
+from draftsmith.runtime.engine import (
+    GenerationResult,
+    check_prompts,
+    prefill,
+    stop_reason,
+    token_budgets,
+)
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.kv_cache import KVCache
+from draftsmith.runtime.sampling import SamplingParams, logits_to_probs, make_generators, next_tokens
+from draftsmith.runtime.target import Target
+from draftsmith.runtime.tree import ancestor_mask
+
+DRAFT_SEED_SALT = 0x5EED  # the drafter's random streams differ from the verifier's (reliability.md A5)
+
+
+def generate_speculative(
+    target: Target,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    batch_size: int = 1,
+    progress: bool = False,
+) -> list[GenerationResult]:
+    """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order."""
+    params.validate()
+    check_prompts(target, prompts, max_new_tokens)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BadInputError("batch_size", batch_size, "an integer >= 1")
+    results: list[GenerationResult] = []
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(
+        starts, desc=f"generate ({drafter.name})", unit="batch", disable=not progress or len(starts) < 2
+    ):
+        rows = list(range(start, min(start + batch_size, len(prompts))))
+        gens = draft_gens = None
+        if not params.greedy:
+            gens = make_generators(seed, rows, target.device)
+            draft_gens = make_generators(seed + DRAFT_SEED_SALT, rows, target.device)
+        batch = [prompts[r] for r in rows]
+        results += speculate_batch(target, drafter, batch, params, max_new_tokens, gens, draft_gens)
+    return results
+
+
+@torch.inference_mode()
+def speculate_batch(
+    target: Target,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    max_new_tokens: int,
+    generators: list[torch.Generator] | None,
+    draft_generators: list[torch.Generator] | None,
+) -> list[GenerationResult]:
+    start_time = time.perf_counter()
+    budget = token_budgets(target, prompts, max_new_tokens)
+    cache, logits = prefill(target, prompts, max(budget) + 64)
+    eos = set(target.eos_token_ids)
+    results = [GenerationResult(p, [], "", 1, 0.0) for p in prompts]
+    first = next_tokens(logits, params, generators).tolist()  # [B], plain decoding's first step
+    for res, tok, row_budget in zip(results, first, budget, strict=True):
+        emit(res, [tok], row_budget, max_new_tokens, eos)
+    drafter.start(prompts, params, draft_generators)
+    active = list(range(len(prompts)))  # batch row -> result index
+    while True:
+        running = [i for i, r in enumerate(active) if not results[r].finish_reason]
+        if not running:
+            break
+        if len(running) < len(active):  # finished rows leave the batch
+            rows = torch.tensor(running, device=target.device)
+            cache.retain(rows)
+            drafter.retain(running)
+            generators = None if generators is None else [generators[i] for i in running]
+            active = [active[i] for i in running]
+        contexts = [results[r].prompt_token_ids + results[r].token_ids for r in active]
+        before = drafter.forwards
+        drafts = drafter.propose(contexts)
+        verdicts = verify(target, cache, drafts, contexts, params, generators)
+        drafter.commit([v.accepted for v in verdicts])
+        for r, draft, verdict in zip(active, drafts, verdicts, strict=True):
+            res = results[r]
+            res.target_forwards += 1
+            res.draft_forwards += drafter.forwards - before
+            res.accepted_lengths.append(len(verdict.accepted))
+            res.draft_depths.append(draft.tree.max_depth)
+            new = [draft.tokens[i] for i in verdict.accepted] + [verdict.next_token]
+            emit(res, new, budget[r], max_new_tokens, eos)
+    wall = time.perf_counter() - start_time
+    for res in results:
+        res.wall_s = wall
+    return results
+
+
+def emit(res: GenerationResult, tokens: list[int], budget: int, max_new_tokens: int, eos: set[int]) -> None:
+    """Append tokens one by one; stop exactly where plain decoding would (EOS kept, budget respected)."""
+    for tok in tokens:
+        res.token_ids.append(tok)
+        res.finish_reason = stop_reason(tok, len(res.token_ids), budget, max_new_tokens, eos)
+        if res.finish_reason:
+            return
+
+
+def verify(
+    target: Target,
+    cache: KVCache,
+    drafts: list[Draft],
+    contexts: list[list[int]],
+    params: SamplingParams,
+    generators: list[torch.Generator] | None,
+) -> list[Verdict]:
+    """One target forward over every row's tree, the acceptance rule per row, then cache compaction."""
+    batch, nodes = len(drafts), max(d.tree.size for d in drafts)
+    ids = torch.full((batch, nodes), target.pad_token_id, dtype=torch.long)
+    valid = torch.zeros(batch, nodes, dtype=torch.bool)
+    positions = torch.zeros(batch, nodes, dtype=torch.long)
+    mask = torch.zeros(batch, nodes, nodes, dtype=torch.bool)  # [B, N, N]; padding nodes see only themselves
+    for b, (draft, ctx) in enumerate(zip(drafts, contexts, strict=True)):
+        n = draft.tree.size
+        ids[b, :n] = torch.tensor(draft.tokens).clamp(
+            min=0
+        )  # placeholders (-1) embed as id 0, never accepted
+        valid[b, :n] = True
+        positions[b] = len(ctx) - 1
+        positions[b, :n] += torch.tensor(draft.tree.depths)
+        mask[b, :n, :n] = ancestor_mask(draft.tree)
+    device = target.device
+    tree_mask = None if nodes == 1 else mask.to(device)
+    start = cache.length
+    out = target.forward(
+        ids.to(device), cache, positions.to(device), token_valid=valid.to(device), tree_mask=tree_mask
+    )
+    logits = target.logits(out.hidden)  # [B, N, V] float32
+    verdicts = [accept(d, logits[b, : d.tree.size], params, generators, b) for b, d in enumerate(drafts)]
+    keep_len = max(len(v.accepted) for v in verdicts) + 1
+    keep = torch.full((batch, keep_len), start, dtype=torch.long)
+    keep_valid = torch.zeros(batch, keep_len, dtype=torch.bool)
+    for b, v in enumerate(verdicts):
+        path = [0, *v.accepted]
+        keep[b, : len(path)] = start + torch.tensor(path)
+        keep_valid[b, : len(path)] = True
+    cache.compact(start, keep.to(device), keep_valid.to(device))
+    return verdicts
+
+
+def accept(
+    draft: Draft,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generators: list[torch.Generator] | None,
+    row: int,
+) -> Verdict:
+    """The acceptance rule for one row: logits [N, V] are the target's after each node."""
+    parents, tokens = draft.tree.parents, draft.tokens
+    if params.greedy:
+        return accept_greedy(parents, tokens, logits)
+    probs = logits_to_probs(logits, params)  # [N, V], processed exactly as plain sampling
+    g = generators[row]
+    return accept_sampled(parents, tokens, probs, draft.draft_probs, generator_coin(g), generator_draw(g))
