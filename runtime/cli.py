@@ -83,7 +83,12 @@ def add_generate(sub) -> None:
     )
     add_target_args(p)
     p.add_argument("--draft", default="none", help=f"draft spec: {DRAFT_HELP}")
-    p.add_argument("--tree", default="chain:4", help=f"what to draft each cycle: {TREE_HELP}")
+    p.add_argument(
+        "--tree",
+        default="chain:2",
+        help=f"what to draft each cycle: {TREE_HELP}. The default suits CPUs: verifying 3 nodes (chain:2) "
+        "costs 1.26x one token there, 4 nodes 1.7x, 8 nodes 2.1x (BENCHMARKS.md); on GPUs larger trees pay",
+    )
     p.add_argument("--temperature", type=_finite_float("--temperature"), default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=_finite_float("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
     p.add_argument("--top-k", type=_int("--top-k"), default=0, help="keep the k most likely tokens; 0 = off")

@@ -147,37 +147,45 @@ def verify(
     generators: list[torch.Generator] | None,
 ) -> list[Verdict]:
     """One target forward over every row's tree, the acceptance rule per row, then cache compaction."""
+    start = cache.length
+    logits = tree_logits(target, cache, drafts, contexts)  # [B, N, V]
+    verdicts = [accept(d, logits[b, : d.tree.size], params, generators, b) for b, d in enumerate(drafts)]
+    keep_len = max(len(v.accepted) for v in verdicts) + 1
+    keep = torch.full((len(drafts), keep_len), start, dtype=torch.long)
+    keep_valid = torch.zeros(len(drafts), keep_len, dtype=torch.bool)
+    for b, v in enumerate(verdicts):
+        path = [0, *v.accepted]  # the root and the accepted nodes; the next token is not computed yet
+        keep[b, : len(path)] = start + torch.tensor(path)
+        keep_valid[b, : len(path)] = True
+    cache.compact(start, keep.to(target.device), keep_valid.to(target.device))
+    return verdicts
+
+
+def tree_logits(
+    target: Target, cache: KVCache, drafts: list[Draft], contexts: list[list[int]]
+) -> torch.Tensor:
+    """Write every row's tree into the cache in one forward -> the target's logits after each node
+    [B, N, V] (float32). Trees are padded to the largest; padding nodes see only themselves."""
     batch, nodes = len(drafts), max(d.tree.size for d in drafts)
     ids = torch.full((batch, nodes), target.pad_token_id, dtype=torch.long)
     valid = torch.zeros(batch, nodes, dtype=torch.bool)
     positions = torch.zeros(batch, nodes, dtype=torch.long)
-    mask = torch.zeros(batch, nodes, nodes, dtype=torch.bool)  # [B, N, N]; padding nodes see only themselves
+    mask = torch.zeros(batch, nodes, nodes, dtype=torch.bool)  # [B, N, N]
     for b, (draft, ctx) in enumerate(zip(drafts, contexts, strict=True)):
         n = draft.tree.size
         ids[b, :n] = torch.tensor(draft.tokens).clamp(
             min=0
         )  # placeholders (-1) embed as id 0, never accepted
         valid[b, :n] = True
-        positions[b] = len(ctx) - 1
+        positions[b] = len(ctx) - 1  # the root's position: the committed tokens before it
         positions[b, :n] += torch.tensor(draft.tree.depths)
         mask[b, :n, :n] = ancestor_mask(draft.tree)
     device = target.device
     tree_mask = None if nodes == 1 else mask.to(device)
-    start = cache.length
     out = target.forward(
         ids.to(device), cache, positions.to(device), token_valid=valid.to(device), tree_mask=tree_mask
     )
-    logits = target.logits(out.hidden)  # [B, N, V] float32
-    verdicts = [accept(d, logits[b, : d.tree.size], params, generators, b) for b, d in enumerate(drafts)]
-    keep_len = max(len(v.accepted) for v in verdicts) + 1
-    keep = torch.full((batch, keep_len), start, dtype=torch.long)
-    keep_valid = torch.zeros(batch, keep_len, dtype=torch.bool)
-    for b, v in enumerate(verdicts):
-        path = [0, *v.accepted]
-        keep[b, : len(path)] = start + torch.tensor(path)
-        keep_valid[b, : len(path)] = True
-    cache.compact(start, keep.to(device), keep_valid.to(device))
-    return verdicts
+    return target.logits(out.hidden)
 
 
 def accept(

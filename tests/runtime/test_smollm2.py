@@ -4,6 +4,8 @@ at a time and in a batch of 8 (left padding). Zero mismatches allowed."""
 
 import json
 
+import pytest
+
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.side_by_side import hf_generate, hf_generate_batch
 
@@ -88,3 +90,55 @@ def test_greedy_identity_batch_of_8(smollm2, tmp_path, capsys):
     # Padded rows give the same tokens as unpadded ones (each prompt alone).
     for row in rows:
         assert row["token_ids"] == hf_generate(smollm2, row["prompt_token_ids"], MAX_NEW)
+
+
+SPECULATIVE = [
+    ("ngram", "chain:4", 1),
+    ("self:layers=27", "dynamic:depth=3,topk=2,tokens=6", 8),
+    ("self:layers=24", "chain:3", 1),
+    ("model:smollm2-135m", "static:binary-3", 3),  # the target drafting for itself: all accepted
+]
+
+
+def test_speculative_greedy_identity(smollm2):
+    """Every drafter, chain / static / dynamic trees, batch 1 and ragged batches: zero mismatches
+    against plain greedy decoding on the real model."""
+    from draftsmith.runtime.drafting import build_drafter
+    from draftsmith.runtime.engine import generate_plain
+    from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.speculative import generate_speculative
+    from draftsmith.runtime.tree import parse_tree_spec
+
+    prompts = [smollm2.encode(p) for p in PROMPTS[:8]]
+    plain = [r.token_ids for r in generate_plain(smollm2, prompts, SamplingParams(), MAX_NEW)]
+    for draft, tree, batch_size in SPECULATIVE:
+        drafter = build_drafter(draft, smollm2, parse_tree_spec(tree))
+        results = generate_speculative(
+            smollm2, drafter, prompts, SamplingParams(), MAX_NEW, batch_size=batch_size
+        )
+        mismatches = [i for i, (r, ref) in enumerate(zip(results, plain)) if r.token_ids != ref]
+        assert mismatches == [], f"{draft} {tree} batch {batch_size}: rows {mismatches} differ"
+        tau = sum(r.new_tokens for r in results) / sum(r.target_forwards for r in results)
+        assert tau > (2.5 if draft.startswith("model") else 1.0), f"{draft} {tree}: tau {tau:.2f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_size", [1, 7])
+@pytest.mark.parametrize("draft", ["ngram", "self:layers=27"])
+def test_speculative_greedy_identity_chain_grid(smollm2, draft, batch_size):
+    """Chains K = 1..8 and three trees (one dynamic) on the real model, 7 prompts: zero mismatches."""
+    from draftsmith.runtime.drafting import build_drafter
+    from draftsmith.runtime.engine import generate_plain
+    from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.speculative import generate_speculative
+    from draftsmith.runtime.tree import parse_tree_spec
+
+    prompts = [smollm2.encode(p) for p in PROMPTS[8:15]]
+    plain = [r.token_ids for r in generate_plain(smollm2, prompts, SamplingParams(), 24)]
+    trees = [f"chain:{k}" for k in range(1, 9)] + ["dynamic:depth=4,topk=2,tokens=8"]
+    if draft != "ngram":
+        trees += ["static:binary-3", "static:wide-4"]
+    for tree in trees:
+        drafter = build_drafter(draft, smollm2, parse_tree_spec(tree))
+        results = generate_speculative(smollm2, drafter, prompts, SamplingParams(), 24, batch_size=batch_size)
+        assert [r.token_ids for r in results] == plain, f"{draft} {tree} batch {batch_size}"

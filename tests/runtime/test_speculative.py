@@ -5,7 +5,7 @@ Designs from reliability.md part A: greedy identity with zero mismatches for eve
 afterwards (A2); EOS, token budget and context end inside a drafted block; seeded determinism and batch
 invariance at temperature > 0 (A8); the end-to-end law of the first three tokens at temperature > 0
 against the target's exact law, with an always-accept negative control that must fail (A3/A5 end to end;
-the acceptance rules alone are proven in test_acceptance.py).
+the acceptance rules alone are proven in test_acceptance_rules.py and test_acceptance_laws.py).
 """
 
 import math
@@ -23,7 +23,7 @@ from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.lm_drafter import LMDrafter, load_draft_model
 from draftsmith.runtime.ngram import NgramDrafter
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
-from draftsmith.runtime.speculative import generate_speculative, verify
+from draftsmith.runtime.speculative import generate_speculative, tree_logits, verify
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import Tree, chain, parse_tree_spec, path_to
 
@@ -208,6 +208,30 @@ def test_drafter_cache_rolls_back_to_the_accepted_path(target, spec):
         out = target.forward(rest, single, positions, num_layers=2)
         fresh = target.forward(torch.tensor([ctx]), target.new_cache(1, 128, num_layers=2), num_layers=2)
         assert_logits_close(target.logits(out.hidden[0, -1]), target.logits(fresh.hidden[0, -1]))
+
+
+def random_tree(n, rng):
+    return Tree(tuple([-1] + [int(torch.randint(i, (1,), generator=rng)) for i in range(1, n)]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_attention_equals_causal_forward_per_path(target, seed):
+    """A9: a batch of rows with different prompt lengths (left padding) and different random trees,
+    verified in one forward: every node's logits equal a causal forward over the root-to-node path."""
+    rng = torch.Generator().manual_seed(seed)
+    prompts = make_prompts(3, seed=seed, repeat=False)
+    cache, _ = prefill(target, prompts, extra=32)
+    drafts = []
+    for _ in prompts:
+        tree = random_tree(int(torch.randint(2, 12, (1,), generator=rng)), rng)
+        drafts.append(Draft(tree, torch.randint(6, 106, (tree.size,), generator=rng).tolist()))
+    contexts = [p + [d.tokens[0]] for p, d in zip(prompts, drafts)]
+    logits = tree_logits(target, cache, drafts, contexts)  # [B, N, V]
+    for b, (prompt, draft) in enumerate(zip(prompts, drafts)):
+        for node in range(draft.tree.size):
+            seq = prompt + [draft.tokens[i] for i in path_to(draft.tree, node)]
+            out = target.forward(torch.tensor([seq]), target.new_cache(1, 64))
+            assert_logits_close(logits[b, node], target.logits(out.hidden[0, -1]))
 
 
 @pytest.mark.parametrize("spec", ["chain:4", "dynamic:depth=4,topk=2,tokens=8"])

@@ -9,8 +9,10 @@ from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.tree import (
     MAX_TREE_NODES,
     PRESETS,
+    DynamicTree,
     Tree,
     ancestor_mask,
+    best_subtree,
     chain,
     from_paths,
     parse_tree_spec,
@@ -90,6 +92,11 @@ def test_presets_and_specs_parse():
         ("static:[[1]]", "child rank 0"),
         ("static:{}", "list of paths"),
         ("tree:3", "one of chain:K"),
+        ("dynamic:depth=3,topk=2", "dynamic:depth=D,topk=K,tokens=N"),
+        ("dynamic:depth=0,topk=2,tokens=4", "dynamic:depth=D"),
+        ("dynamic:depth=2,topk=2,tokens=7", "N <= min(K + (D-1)*K*K"),  # only 2 + 4 candidates exist
+        ("dynamic:depth=2,topk=x,tokens=4", "dynamic:depth=D"),
+        ("dynamic:depth=2,topk=2,tokens=4,extra=1", "dynamic:depth=D"),
     ],
 )
 def test_bad_specs_are_named(spec, message):
@@ -101,3 +108,36 @@ def test_bad_specs_are_named(spec, message):
 def test_node_limit():
     with pytest.raises(BadInputError, match="at most"):
         Tree(tuple(range(-1, MAX_TREE_NODES)))
+
+
+def test_dynamic_spec_parses():
+    spec = parse_tree_spec("dynamic:depth=4,topk=3,tokens=10")
+    assert spec == DynamicTree(depth=4, topk=3, tokens=10) and spec.size == 11 and spec.max_depth == 4
+
+
+def test_best_subtree_keeps_the_best_nodes_closed_under_ancestors():
+    # root; depth 1: a (-0.1), b (-2.0); depth 2 under a: c (-0.5), d (-3.0); under b: e (-2.1)
+    parents = [-1, 0, 0, 1, 1, 2]
+    scores = [0.0, -0.1, -2.0, -0.5, -3.0, -2.1]
+    tree, kept = best_subtree(parents, scores, 3)
+    assert kept == [0, 1, 2, 3] and tree.parents == (-1, 0, 0, 1)
+    tree, kept = best_subtree(parents, scores, 4)
+    assert kept == [0, 1, 2, 3, 5] and tree.parents == (-1, 0, 0, 1, 2)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_best_subtree_random_candidates(seed):
+    """Scores that never increase from parent to child, with ties (a child with probability 1): the kept
+    set is always the n best, contains every kept node's parent, and stays topological."""
+    rng = random.Random(seed)
+    parents, scores = [-1], [0.0]
+    for i in range(1, 30):
+        parent = rng.randrange(i)
+        parents.append(parent)
+        scores.append(scores[parent] - rng.choice([0.0, 0.3, 1.0, 2.5]))
+    n = rng.randrange(1, 29)
+    tree, kept = best_subtree(parents, scores, n)
+    assert tree.size == n + 1 and kept[0] == 0
+    assert all(parents[k] in kept for k in kept[1:])
+    worst_kept = min(scores[k] for k in kept)
+    assert all(scores[i] <= worst_kept for i in range(len(parents)) if i not in kept)

@@ -1,0 +1,171 @@
+"""Runtime measurements behind BENCHMARKS.md (speculative runtime section), on the embedded target.
+
+    python scripts/bench_runtime.py verify-cost                 # one tree verification forward vs node count
+    python scripts/bench_runtime.py speedup --max-new-tokens 64 # drafters vs plain decoding, side by side
+
+verify-cost: after a 200-token prefix, time one target forward over N tree nodes (a binary-ish tree,
+tree mask, per-node positions) for N in --nodes, interleaved across N, median of --repeats.
+speedup: for every prompt of --prompts, run plain decoding and every method in a rotating order (so
+drift hits all alike) after a warm-up; report tokens/s, tau, acceptance per position, the speedup of
+summed tokens/s and the median of per-prompt speedups, and check greedy identity with plain decoding.
+Results go to --out as JSON; tables are printed in Markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from draftsmith.runtime.drafting import build_drafter
+from draftsmith.runtime.engine import accept_rates, generate_plain
+from draftsmith.runtime.prompts import read_prompts_file
+from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.speculative import generate_speculative
+from draftsmith.runtime.target import Target
+from draftsmith.runtime.tree import Tree, ancestor_mask, parse_tree_spec, position_ids
+
+DEFAULT_METHODS = (
+    "ngram@chain:4",
+    "ngram@dynamic:depth=4,topk=2,tokens=8",
+    "self:layers=20@chain:2",
+    "self:layers=27@chain:2",
+    "self:layers=27@chain:4",
+    "self:layers=27@dynamic:depth=3,topk=2,tokens=6",
+)
+
+
+def verify_cost(target: Target, nodes: list[int], repeats: int) -> list[dict]:
+    prefix = torch.randint(100, 40000, (1, 200))
+    times: dict[int, list[float]] = {n: [] for n in nodes}
+    for rep in range(repeats + 1):  # the first round warms up
+        for n in nodes:
+            tree = Tree(tuple([-1] + [(i - 1) // 2 for i in range(1, n)]))  # binary, topological
+            cache = target.new_cache(1, 200 + n)
+            target.forward(prefix, cache)
+            ids = torch.randint(100, 40000, (1, n))
+            mask = None if n == 1 else ancestor_mask(tree)
+            start = time.perf_counter()
+            out = target.forward(ids, cache, position_ids(tree, 200)[None], tree_mask=mask)
+            target.logits(out.hidden)
+            if rep:
+                times[n].append(time.perf_counter() - start)
+    base = statistics.median(times[nodes[0]])
+    return [
+        {"nodes": n, "ms": 1000 * statistics.median(times[n]), "vs_1": statistics.median(times[n]) / base}
+        for n in nodes
+    ]
+
+
+def run_method(target, method, prompt, max_new):
+    if method == "plain":
+        return generate_plain(target, [prompt], SamplingParams(), max_new)[0]
+    draft, _, tree = method.partition("@")
+    drafter = build_drafter(draft, target, parse_tree_spec(tree))
+    return generate_speculative(target, drafter, [prompt], SamplingParams(), max_new)[0]
+
+
+def speedup(target: Target, methods: list[str], prompts: list[list[int]], max_new: int) -> dict:
+    names = ["plain", *methods]
+    for name in names:  # warm-up
+        run_method(target, name, prompts[0], 8)
+    rows = {name: [] for name in names}
+    for i, prompt in enumerate(prompts):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            res = run_method(target, name, prompt, max_new)
+            rows[name].append((time.perf_counter() - start, res))
+        print(f"prompt {i + 1}/{len(prompts)} done", flush=True)
+    plain = rows["plain"]
+    summary = []
+    for name in names:
+        runs = rows[name]
+        tokens = sum(r.new_tokens for _, r in runs)
+        wall = sum(w for w, _ in runs)
+        lengths = [a for _, r in runs for a in r.accepted_lengths]
+        depths = [d for _, r in runs for d in r.draft_depths]
+        summary.append(
+            {
+                "method": name,
+                "tokens_per_s": tokens / wall,
+                "speedup": (tokens / wall) / (sum(r.new_tokens for _, r in plain) / sum(w for w, _ in plain)),
+                "median_prompt_speedup": statistics.median(
+                    (r.new_tokens / w) / (p.new_tokens / pw)
+                    for (w, r), (pw, p) in zip(runs, plain, strict=True)
+                ),
+                "mean_accepted": tokens / sum(r.target_forwards for _, r in runs),
+                "accept_rate_per_position": [round(x, 3) for x in accept_rates(lengths, depths)],
+                "draft_forwards_per_token": sum(r.draft_forwards for _, r in runs) / tokens,
+                "greedy_identical": all(
+                    r.token_ids == p.token_ids for (_, r), (_, p) in zip(runs, plain, strict=True)
+                ),
+            }
+        )
+    return {"summary": summary, "new_tokens": sum(r.new_tokens for _, r in plain)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=["verify-cost", "speedup"])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--nodes", default="1,2,4,6,8,12,16,24,32,48,64")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--methods", default=",".join(DEFAULT_METHODS).replace(",", ";"), help="';'-separated"
+    )
+    parser.add_argument("--prompts", default="configs/prompts/runtime-bench.jsonl")
+    parser.add_argument("--num-prompts", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default="runs/bench-runtime")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target = Target.load(args.target, device="cpu", dtype="float32")
+    meta = {
+        "date": str(date.today()),
+        "machine": platform.processor() or platform.machine(),
+        "threads": args.threads,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.what == "verify-cost":
+        rows = verify_cost(target, [int(n) for n in args.nodes.split(",")], args.repeats)
+        print("| nodes | ms (median) | x one node |\n|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['nodes']} | {r['ms']:.1f} | {r['vs_1']:.2f} |")
+        (out / "verify_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+        return
+    texts = read_prompts_file(args.prompts)[: args.num_prompts]
+    prompts = [target.encode(t) for t in texts]
+    result = speedup(target, args.methods.split(";"), prompts, args.max_new_tokens)
+    print(
+        "| method | tok/s | speedup (sum) | median per-prompt speedup | tau | acceptance per position "
+        "| draft fwd/token | greedy identical |"
+    )
+    print("|---|---:|---:|---:|---:|---|---:|---|")
+    for r in result["summary"]:
+        cells = [
+            r["method"],
+            f"{r['tokens_per_s']:.1f}",
+            f"{r['speedup']:.2f}",
+            f"{r['median_prompt_speedup']:.2f}",
+            f"{r['mean_accepted']:.2f}",
+            str(r["accept_rate_per_position"]),
+            f"{r['draft_forwards_per_token']:.2f}",
+            str(r["greedy_identical"]),
+        ]
+        print("| " + " | ".join(cells) + " |")
+    (out / "speedup.json").write_text(json.dumps({**meta, **result, "prompts": len(prompts)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
