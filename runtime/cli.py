@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import time
 
+from draftsmith.runtime.cli_args import Formatter, add_target_args, finite_float_arg, int_arg
+from draftsmith.runtime.cli_data import add_data
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 DRAFT_HELP = (
@@ -28,48 +29,11 @@ TREE_HELP = (
 )
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
-
-
-def _int(name: str):
-    def parse(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: got {text!r}, expected an integer") from None
-
-    return parse
-
-
-def _finite_float(name: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: got {text!r}, expected a number") from None
-        if math.isnan(value):
-            raise argparse.ArgumentTypeError(f"{name}: got {text!r}, expected a number, not NaN")
-        return value
-
-    return parse
-
-
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--target",
-        default="smollm2-135m",
-        help="alias (smollm2-135m, the embedded default), local HF folder, Hub id, or .gguf file",
-    )
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16")
-
-
 def add_generate(sub) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text with the target (plain or speculative decoding)",
-        formatter_class=_Formatter,
+        formatter_class=Formatter,
         description=(
             "Generate from the target. Prompts are chat-templated unless --no-chat.\n\n"
             "examples:\n"
@@ -89,16 +53,21 @@ def add_generate(sub) -> None:
         help=f"what to draft each cycle: {TREE_HELP}. The default suits CPUs: verifying 3 nodes (chain:2) "
         "costs 1.26x one token there, 4 nodes 1.7x, 8 nodes 2.1x (BENCHMARKS.md); on GPUs larger trees pay",
     )
-    p.add_argument("--temperature", type=_finite_float("--temperature"), default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=_finite_float("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
-    p.add_argument("--top-k", type=_int("--top-k"), default=0, help="keep the k most likely tokens; 0 = off")
-    p.add_argument("--max-new-tokens", type=_int("--max-new-tokens"), default=128)
+    p.add_argument("--temperature", type=finite_float_arg("--temperature"), default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=finite_float_arg("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
     p.add_argument(
-        "--seed", type=_int("--seed"), default=0, help="row i samples with a generator seeded by (seed, i)"
+        "--top-k", type=int_arg("--top-k"), default=0, help="keep the k most likely tokens; 0 = off"
+    )
+    p.add_argument("--max-new-tokens", type=int_arg("--max-new-tokens"), default=128)
+    p.add_argument(
+        "--seed", type=int_arg("--seed"), default=0, help="row i samples with a generator seeded by (seed, i)"
     )
     p.add_argument("--no-chat", action="store_true", help="feed the prompt text as is (no chat template)")
     p.add_argument(
-        "--batch-size", type=_int("--batch-size"), default=1, help="prompts decoded together (left padding)"
+        "--batch-size",
+        type=int_arg("--batch-size"),
+        default=1,
+        help="prompts decoded together (left padding)",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="one prompt")
@@ -177,7 +146,7 @@ def add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
         help="the main job on embedded defaults (today: plain decoding next to transformers generate())",
-        formatter_class=_Formatter,
+        formatter_class=Formatter,
         description=(
             "Load the embedded target, decode the bundled prompts with draftsmith's engine and with\n"
             "transformers generate() side by side (interleaved, warmed up, median of repeats), check the\n"
@@ -204,11 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="draftsmith",
         description="Train, export and losslessly serve speculative-decoding draft heads.",
-        formatter_class=_Formatter,
+        formatter_class=Formatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     add_generate(sub)
+    add_data(sub)
     add_demo(sub)
     return parser
 

@@ -1,0 +1,145 @@
+"""What every data step shares: content hashes, the step record (`draftsmith_data.json`), drop counts.
+
+    fp = fingerprint(target)                       # target name, tokenizer hash, template hash
+    record = StepRecord("prepare", inputs={...})   # inputs decide the content hash
+    if is_done(out_dir, record): return            # same inputs, finished before: a no-op
+    ... write the outputs ...
+    finish(out_dir, record, summary)               # written last and atomically: marks the folder done
+
+A folder whose record is missing or names other inputs is not done, so a killed step is detected and
+redone (or resumed by the step's own mechanism). Hashes are sha256 over canonical JSON, shortened to 16
+hex digits, and recorded so training can refuse data made for another target, tokenizer or template
+(reliability.md part C, items 7-8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from draftsmith.runtime.config import atomic_write_text
+from draftsmith.runtime.errors import BadInputError
+
+RECORD_FILE = "draftsmith_data.json"
+FORMAT_VERSION = 1
+
+
+def content_hash(value) -> str:
+    """sha256 of canonical JSON (sorted keys), 16 hex digits."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    specials = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    return content_hash({"vocab": vocab, "specials": specials})
+
+
+def template_hash(tokenizer) -> str:
+    return content_hash({"chat_template": tokenizer.chat_template or ""})
+
+
+def fingerprint(target) -> dict:
+    """Identity of the target as far as data is concerned."""
+    return {
+        "target": target.name,
+        "vocab_size": target.vocab_size,
+        "tokenizer_hash": tokenizer_hash(target.tokenizer),
+        "template_hash": template_hash(target.tokenizer),
+    }
+
+
+@dataclass
+class Summary:
+    """Rows read, kept and dropped by reason; printed at the end of every step."""
+
+    read: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    notes: Counter = field(default_factory=Counter)  # counted but kept, e.g. "clipped mid-answer"
+
+    def drop(self, reason: str) -> None:
+        self.dropped[reason] += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "read": self.read,
+            "kept": self.kept,
+            "dropped": dict(self.dropped),
+            "notes": dict(self.notes),
+        }
+
+    def lines(self) -> list[str]:
+        out = [f"read {self.read}, kept {self.kept}, dropped {sum(self.dropped.values())}"]
+        out += [f"  dropped ({reason}): {n}" for reason, n in sorted(self.dropped.items())]
+        out += [f"  {note}: {n}" for note, n in sorted(self.notes.items())]
+        return out
+
+
+@dataclass
+class StepRecord:
+    step: str  # prepare | regenerate | capture | vocab
+    inputs: dict  # everything that decides the outputs (fingerprint, source hash, options)
+    outputs: dict = field(default_factory=dict)  # filled by the step (files, counts, metadata)
+
+    @property
+    def inputs_hash(self) -> str:
+        return content_hash({"step": self.step, "inputs": self.inputs})
+
+
+def read_record(folder: str | Path) -> dict | None:
+    path = Path(folder) / RECORD_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def is_done(folder: str | Path, record: StepRecord) -> bool:
+    """True when `folder` holds a finished step with exactly these inputs (re-running is a no-op)."""
+    done = read_record(folder)
+    return bool(done) and done.get("inputs_hash") == record.inputs_hash
+
+
+def finish(folder: str | Path, record: StepRecord, summary: Summary | None = None) -> dict:
+    """Write the record last, atomically: from now on the folder counts as done."""
+    data = {
+        "format": "draftsmith-data",
+        "version": FORMAT_VERSION,
+        **asdict(record),
+        "inputs_hash": record.inputs_hash,
+        "summary": summary.as_dict() if summary else None,
+    }
+    atomic_write_text(Path(folder) / RECORD_FILE, json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def require_record(folder: str | Path, field_name: str, steps: tuple[str, ...]) -> dict:
+    """The record of a finished step in `folder`, or a clear error naming the flag."""
+    done = read_record(folder)
+    if done is None:
+        raise BadInputError(
+            field_name, str(folder), f"a finished draftsmith data folder ({RECORD_FILE} missing)"
+        )
+    if done.get("step") not in steps:
+        raise BadInputError(
+            field_name, f"{folder} (a {done.get('step')} folder)", f"the output of {' or '.join(steps)}"
+        )
+    return done
+
+
+def check_same_target(record: dict, target, field_name: str) -> None:
+    """Refuse data made for another target, tokenizer or chat template (reliability.md C7-C8)."""
+    expected = fingerprint(target)
+    made_for = record["inputs"].get("fingerprint", {})
+    for key in ("tokenizer_hash", "template_hash", "vocab_size"):
+        if made_for.get(key) != expected[key]:
+            raise BadInputError(
+                field_name,
+                f"data made with {key} {made_for.get(key)} (target {made_for.get('target')})",
+                f"{key} {expected[key]} of {target.name}",
+                "prepare the data again for this target",
+            )

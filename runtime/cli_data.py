@@ -1,0 +1,112 @@
+"""`draftsmith data prepare | regenerate | capture | vocab`: flags here, work in draftsmith.data_recipes.
+
+Each step's module is imported only when the step runs (it needs `datasets`, which the rest of the
+runtime never imports); it exposes `run_from_args(args)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from draftsmith.runtime.cli_args import Formatter, add_target_args, finite_float_arg, int_arg
+
+
+def add_data(sub) -> None:
+    p = sub.add_parser(
+        "data",
+        help="turn conversations into training data for a target: prepare, regenerate, capture, vocab",
+        formatter_class=Formatter,
+        description=(
+            "Data recipes for head training. Each step writes a folder with a draftsmith_data.json record\n"
+            "(inputs hash, target/tokenizer/template hashes, summary of kept and dropped rows); re-running\n"
+            "a step with the same inputs is a no-op, a killed step resumes.\n\n"
+            "examples:\n"
+            "  draftsmith data prepare --source sharegpt --out data/sg --max-samples 1000 --max-length 1024\n"
+            "  draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8\n"
+            "  draftsmith data capture --data data/sg-regen --out data/sg-hidden --dtype bfloat16\n"
+            "  draftsmith data vocab --data data/sg-regen --draft-vocab-size 8192 --out data/sg-vocab"
+        ),
+    )
+    steps = p.add_subparsers(dest="step", required=True, metavar="STEP")
+    prep = steps.add_parser(
+        "prepare",
+        help="conversations -> chat-templated token ids + assistant-only loss masks",
+        formatter_class=Formatter,
+    )
+    add_target_args(prep)
+    prep.add_argument(
+        "--source",
+        required=True,
+        help="sharegpt (bundled ShareGPT V3), a local .json/.jsonl/.parquet file of conversations (ShareGPT "
+        "from/value or OpenAI role/content), prompts:FILE (one user turn per line), or a datasets name",
+    )
+    prep.add_argument("--out", required=True, help="output folder (a datasets DatasetDict + record)")
+    prep.add_argument(
+        "--max-samples", type=int_arg("--max-samples"), default=None, help="stop after N kept rows"
+    )
+    prep.add_argument(
+        "--max-length",
+        type=int_arg("--max-length"),
+        default=2048,
+        help="tokens per row; longer rows are clipped",
+    )
+    prep.add_argument("--validation-fraction", type=finite_float_arg("--validation-fraction"), default=0.05)
+    prep.add_argument("--seed", type=int_arg("--seed"), default=0, help="seed of the train/validation split")
+    prep.add_argument(
+        "--fail-on-clip", action="store_true", help="error instead of clipping an over-long row"
+    )
+    prep.set_defaults(run=_run_data("prepare"))
+
+    regen = steps.add_parser(
+        "regenerate",
+        help="replace assistant turns with the target's own answers (self-distillation)",
+        formatter_class=Formatter,
+    )
+    add_target_args(regen)
+    regen.add_argument("--data", required=True, help="a prepared folder")
+    regen.add_argument("--out", required=True, help="output folder (same format as prepare's)")
+    regen.add_argument("--temperature", type=finite_float_arg("--temperature"), default=0.0)
+    regen.add_argument("--top-p", type=finite_float_arg("--top-p"), default=1.0)
+    regen.add_argument("--top-k", type=int_arg("--top-k"), default=0)
+    regen.add_argument(
+        "--max-new-tokens", type=int_arg("--max-new-tokens"), default=512, help="per assistant turn"
+    )
+    regen.add_argument("--seed", type=int_arg("--seed"), default=0)
+    regen.add_argument("--batch-size", type=int_arg("--batch-size"), default=8)
+    regen.set_defaults(run=_run_data("regenerate"))
+
+    cap = steps.add_parser(
+        "capture",
+        help="store the target's aux and final hidden states per token (sharded safetensors)",
+        formatter_class=Formatter,
+    )
+    add_target_args(cap)
+    cap.add_argument("--data", required=True, help="a prepared or regenerated folder")
+    cap.add_argument("--out", required=True, help="output folder of safetensors shards + record")
+    cap.add_argument(
+        "--aux-layers", default="auto", help="comma-separated 0-based layer ids; auto = 1, L//2-1, L-4"
+    )
+    cap.add_argument("--storage-dtype", default="bfloat16", help="bfloat16, float16 or float32")
+    cap.add_argument("--split", default="train", help="train, validation or all")
+    cap.add_argument("--shard-tokens", type=int_arg("--shard-tokens"), default=65536, help="tokens per shard")
+    cap.set_defaults(run=_run_data("capture"))
+
+    voc = steps.add_parser(
+        "vocab",
+        help="draft-vocabulary map (d2t offsets, t2d mask) from supervised tokens",
+        formatter_class=Formatter,
+    )
+    voc.add_argument("--data", required=True, help="a prepared or regenerated folder")
+    voc.add_argument("--draft-vocab-size", type=int_arg("--draft-vocab-size"), required=True)
+    voc.add_argument("--out", required=True, help="output folder (draft_vocab.safetensors + record)")
+    voc.set_defaults(run=_run_data("vocab"))
+
+
+def _run_data(step: str):
+    def run(args: argparse.Namespace) -> None:
+        import importlib
+
+        module = importlib.import_module(f"draftsmith.data_recipes.{step}")
+        module.run_from_args(args)
+
+    return run
