@@ -77,14 +77,18 @@ def add_data(sub) -> None:
 
     cap = steps.add_parser(
         "capture",
-        help="store the target's aux and final hidden states per token (sharded safetensors)",
+        help="store the target's aux and final (pre-norm) hidden states per token: shard-NNNNN.safetensors "
+        "with input_ids, loss_mask, aux_hidden [N, A*H], last_hidden [N, H], offsets",
         formatter_class=Formatter,
     )
     add_target_args(cap)
     cap.add_argument("--data", required=True, help="a prepared or regenerated folder")
     cap.add_argument("--out", required=True, help="output folder of safetensors shards + record")
     cap.add_argument(
-        "--aux-layers", default="auto", help="comma-separated 0-based layer ids; auto = 1, L//2-1, L-4"
+        "--aux-layers",
+        default="auto",
+        help="comma-separated ids of decoder-layer outputs, 0-based (id i = transformers hidden_states[i+1], "
+        "SGLang/SpecForge convention; vLLM/speculators call it i+1); auto = 1, L//2-1, L-4",
     )
     cap.add_argument("--storage-dtype", default="bfloat16", help="bfloat16, float16 or float32")
     cap.add_argument("--split", default="train", help="train, validation or all")

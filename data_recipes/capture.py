@@ -1,0 +1,576 @@
+"""`draftsmith data capture`: run the target once over prepared rows and store what heads train on.
+
+    draftsmith data capture --data data/sg-regen --out data/sg-hidden --storage-dtype bfloat16
+
+Per token, a shard stores the aux hidden states (the residual stream after the chosen decoder layers,
+concatenated in layer order: the EAGLE-3 `fc` input) and the last layer's output *before* the final
+norm. The target's next-token distribution is not stored: it is recomputed exactly as
+`target.logits(last_hidden)` = lm_head(norm(last_hidden)), which is V/H times smaller on disk (85x for
+SmolLM2: 576 values per token instead of 49152), the way speculators and SpecForge's offline mode do it.
+
+Shard format (`OUT/shard-00000.safetensors`, about `--shard-tokens` tokens each, rows never split):
+
+    input_ids    int32 [N]              N = tokens in the shard, rows back to back
+    loss_mask    int8  [N]              1 = supervised token (aligned with input_ids, as prepared)
+    aux_hidden   dtype [N, A*H]         A = len(aux_layers), in aux-layer order; dtype = --storage-dtype
+    last_hidden  dtype [N, H]           pre-norm output of the last decoder layer
+    offsets      int64 [R+1]            row r is tokens offsets[r]:offsets[r+1]
+    row_index    int64 [R]              the row's index in the captured split(s) (train first for `all`)
+    metadata     format, index, inputs_hash, first_row/end_row (the row range the shard covers, skipped
+                 rows included), rows, tokens, aux_layers, storage_dtype, hidden_size, ids (JSON list)
+
+Aux-layer ids are 0-based decoder-layer outputs (mission_anchors.md part c): id i is the tensor after
+decoder layer i, which is `hidden_states[i + 1]` in transformers. SGLang, SpecForge and ModelOpt config
+ids mean the same; vLLM, speculators and the EAGLE official code count "input to layer X" and name it i+1.
+The record states this and stores the ids in both conventions. Default: (1, L//2 - 1, L - 4).
+
+Resumable: shards are written atomically (temp name + fsync + rename), so a shard on disk is complete; a
+restart keeps the shards made with the same inputs (their metadata carries the inputs hash) and resumes
+at the row after the last one. Rows are processed one per forward in order and shard boundaries depend
+only on the data and --shard-tokens, so a resumed capture is bit-identical to an uninterrupted one.
+
+Online training calls `capture_row` / `capture_batch` inside the step: the same code path, the same
+tensors (in the target's compute dtype instead of the storage dtype). `CaptureFolder` / `load_capture`
+read a finished capture row by row (memory-mapped slices, random access).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.data_recipes.common import (
+    RECORD_FILE,
+    StepRecord,
+    Summary,
+    check_same_target,
+    fingerprint,
+    finish,
+    is_done,
+    read_record,
+    require_record,
+)
+from draftsmith.data_recipes.vocab import DATA_STEPS, atomic_save_file, guard_out_dir
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
+
+log = logging.getLogger(__name__)
+
+CAPTURE_FORMAT = "draftsmith-capture"
+CAPTURE_VERSION = 1
+STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+SPLITS = ("train", "validation", "all")
+TOKEN_TENSORS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
+AUX_LAYER_CONVENTION = (
+    "0-based decoder-layer outputs: id i is the residual stream after decoder layer i (transformers "
+    "hidden_states[i+1]). SGLang, SpecForge and ModelOpt config ids mean the same ('output of layer i'); "
+    "vLLM, speculators and EAGLE official ids mean 'input to layer X' and name the same tensor i+1 "
+    "(mission_anchors.md part c)."
+)
+DROP_NO_SUPERVISED = "no supervised tokens"
+
+
+# ---- aux layers ---------------------------------------------------------------------------------------
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's taps as 0-based layer outputs: after layers 1, L//2-1 and L-4."""
+    return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def parse_aux_layers(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """`auto`/None -> None (the default); "1,14,26" or a sequence -> ints. Syntax only, no range check."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == "auto"):
+        return None
+    if isinstance(text, str):
+        try:
+            return tuple(int(part) for part in text.split(","))
+        except ValueError:
+            raise BadInputError(
+                "--aux-layers", text, "auto or comma-separated integers, e.g. 1,14,26"
+            ) from None
+    return tuple(int(i) for i in text)
+
+
+def resolve_aux_layers(aux_layers, num_layers: int) -> tuple[int, ...]:
+    """Validated layer ids: non-empty, in [0, L), strictly increasing. Not 3 of them: a warning.
+
+    EAGLE-3 heads take exactly 3 (their fc input is 3*H); other heads may want other counts, so any
+    non-empty list is accepted and recorded (reliability.md C12: wrong ids are an error, never a default)."""
+    layers = parse_aux_layers(aux_layers)
+    if layers is None:
+        layers = default_aux_layers(num_layers)
+        if not _valid_layers(layers, num_layers):
+            raise BadInputError(
+                "--aux-layers",
+                "auto",
+                f"explicit layer ids: the default (1, L//2-1, L-4) = {layers} is not valid for a "
+                f"{num_layers}-layer target (it needs at least 7 layers)",
+            )
+        return layers
+    if not layers:
+        raise BadInputError("--aux-layers", "an empty list", "at least one layer id")
+    if not all(0 <= i < num_layers for i in layers):
+        raise BadInputError("--aux-layers", list(layers), f"0-based layer ids in [0, {num_layers})")
+    if list(layers) != sorted(set(layers)):
+        raise BadInputError("--aux-layers", list(layers), "distinct layer ids in increasing order")
+    if len(layers) != 3:
+        log.warning("capture: %d aux layers %s; EAGLE-3 heads take exactly 3", len(layers), list(layers))
+    return layers
+
+
+def _valid_layers(layers: tuple[int, ...], num_layers: int) -> bool:
+    return all(0 <= i < num_layers for i in layers) and list(layers) == sorted(set(layers))
+
+
+def engine_layer_ids(aux_layers: Sequence[int]) -> dict:
+    """The same tensors named in both engine conventions (for export)."""
+    return {
+        "output_of_layer (SGLang, SpecForge, ModelOpt)": list(aux_layers),
+        "input_to_layer (vLLM, speculators, EAGLE official)": [i + 1 for i in aux_layers],
+    }
+
+
+# ---- the tensors (shared by offline capture and online training) ---------------------------------------
+def capture_batch(
+    target, input_ids: torch.Tensor, aux_layers: Sequence[int], token_valid: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """One target forward over [B, T] ids -> aux_hidden [B, T, A*H], last_hidden [B, T, H].
+
+    token_valid [B, T] (False = padding, left or right) keeps padding out of attention; positions count
+    real tokens only, so a padded row gets the same values as alone (up to matmul rounding). Results
+    are ordinary tensors (not inference-mode ones), usable as inputs of a head being trained."""
+    input_ids = input_ids.to(target.device)
+    batch, length = input_ids.shape
+    position_ids = None
+    if token_valid is not None:
+        token_valid = token_valid.to(device=target.device, dtype=torch.bool)
+        position_ids = (token_valid.long().cumsum(dim=1) - 1).clamp(min=0)
+    cache = target.new_cache(batch, length)
+    out = target.forward(
+        input_ids, cache, position_ids=position_ids, token_valid=token_valid, capture_layers=tuple(aux_layers)
+    )
+    return {
+        "aux_hidden": torch.cat([out.aux[i] for i in aux_layers], dim=-1),  # a new, ordinary tensor
+        "last_hidden": out.hidden.clone(),
+    }
+
+
+def capture_row(target, input_ids, aux_layers: Sequence[int]) -> dict[str, torch.Tensor]:
+    """One row (a list or [T] tensor of ids) -> aux_hidden [T, A*H], last_hidden [T, H] (target dtype).
+
+    Offline capture stores exactly these tensors (cast to the storage dtype)."""
+    ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
+    return {name: t[0] for name, t in capture_batch(target, ids, aux_layers).items()}
+
+
+# ---- shards ---------------------------------------------------------------------------------------------
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def _shard_meta(path: Path) -> dict | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except Exception:  # truncated or not safetensors: not one of ours, or not complete
+        return None
+
+
+def _scan_shards(out: Path, inputs_hash: str) -> list[dict]:
+    """Complete shards of this capture, in order; our shards made with other inputs are removed."""
+    for tmp in out.glob(".shard-*.tmp"):  # a write killed before its rename
+        tmp.unlink()
+    files = sorted(out.glob("shard-*.safetensors"))
+    metas = [_shard_meta(path) for path in files]
+    for path, meta in zip(files, metas):
+        if meta is None or meta.get("format") != CAPTURE_FORMAT:
+            raise BadInputError(
+                "--out",
+                f"{out} (holds {path.name}, not written by draftsmith data capture)",
+                "a capture folder",
+            )
+    kept: list[dict] = []
+    next_row = 0
+    for k, (path, meta) in enumerate(zip(files, metas)):
+        ok = (
+            meta.get("inputs_hash") == inputs_hash
+            and path.name == shard_name(k)
+            and int(meta["index"]) == k
+            and int(meta["first_row"]) == next_row
+        )
+        if not ok:
+            stale = files[k:]
+            log.info("capture: removing %d shard(s) from a capture with other inputs", len(stale))
+            for p in stale:
+                p.unlink()
+            break
+        kept.append(meta)
+        next_row = int(meta["end_row"])
+    return kept
+
+
+class _ShardWriter:
+    def __init__(self, out: Path, index: int, first_row: int, static_meta: dict, storage: torch.dtype):
+        self.out, self.index, self.first_row = out, index, first_row
+        self.static_meta, self.storage = static_meta, storage
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parts: dict[str, list[torch.Tensor]] = {name: [] for name in TOKEN_TENSORS}
+        self.lengths: list[int] = []
+        self.row_index: list[int] = []
+        self.ids: list[str] = []
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    def add(self, row_index: int, row_id: str, input_ids, loss_mask, tensors: dict) -> None:
+        self.parts["input_ids"].append(torch.tensor(input_ids, dtype=torch.int32))
+        self.parts["loss_mask"].append(torch.tensor(loss_mask, dtype=torch.int8))
+        for name in ("aux_hidden", "last_hidden"):
+            self.parts[name].append(tensors[name].to(device="cpu", dtype=self.storage))
+        self.lengths.append(len(input_ids))
+        self.row_index.append(row_index)
+        self.ids.append(row_id)
+
+    def flush(self, end_row: int) -> dict:
+        tensors = {name: torch.cat(parts).contiguous() for name, parts in self.parts.items()}
+        offsets = torch.zeros(len(self.lengths) + 1, dtype=torch.int64)
+        offsets[1:] = torch.tensor(self.lengths, dtype=torch.int64).cumsum(0)
+        tensors["offsets"] = offsets
+        tensors["row_index"] = torch.tensor(self.row_index, dtype=torch.int64)
+        meta = {
+            **self.static_meta,
+            "index": str(self.index),
+            "first_row": str(self.first_row),
+            "end_row": str(end_row),
+            "rows": str(len(self.lengths)),
+            "tokens": str(self.tokens),
+            "ids": json.dumps(self.ids),
+        }
+        atomic_save_file(self.out / shard_name(self.index), tensors, meta)
+        self.index, self.first_row = self.index + 1, end_row
+        self._reset()
+        return meta
+
+
+# ---- the step -------------------------------------------------------------------------------------------
+def _check_options(storage_dtype: str, split: str, shard_tokens: int) -> None:
+    if storage_dtype not in STORAGE_DTYPES:
+        raise BadInputError("--storage-dtype", storage_dtype, f"one of {list(STORAGE_DTYPES)}")
+    if split not in SPLITS:
+        raise BadInputError("--split", split, f"one of {list(SPLITS)}")
+    if not isinstance(shard_tokens, int) or shard_tokens < 1:
+        raise BadInputError("--shard-tokens", shard_tokens, "a positive integer")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def bytes_per_token(num_aux: int, hidden_size: int, storage_dtype: str) -> int:
+    """(aux + last) hidden values per token at the storage width, plus int32 id and int8 mask."""
+    width = torch.empty((), dtype=STORAGE_DTYPES[storage_dtype]).element_size()
+    return (num_aux + 1) * hidden_size * width + 4 + 1
+
+
+def _row_lengths(dataset) -> list[int]:
+    import pyarrow.compute as pc
+
+    lengths: list[int] = []
+    for table in dataset.select_columns(["input_ids"]).with_format("arrow").iter(4096):
+        lengths += pc.list_value_length(table.column("input_ids")).to_pylist()
+    return lengths
+
+
+def capture(
+    target,
+    data_dir: str | Path,
+    out: str | Path,
+    aux_layers=None,
+    storage_dtype: str = "bfloat16",
+    split: str = "train",
+    shard_tokens: int = 65536,
+    progress: bool = True,
+) -> dict:
+    """The `data capture` step; returns the finished step record (a no-op when already done)."""
+    data_dir, out = Path(data_dir), Path(out)
+    data_record = require_record(data_dir, "--data", DATA_STEPS)
+    check_same_target(data_record, target, "--target")
+    layers = resolve_aux_layers(aux_layers, target.num_layers)
+    _check_options(storage_dtype, split, shard_tokens)
+    guard_out_dir(out, data_dir, "capture")
+    record = StepRecord(
+        "capture",
+        inputs={
+            "fingerprint": fingerprint(target),
+            "data_hash": data_record["inputs_hash"],
+            "aux_layers": list(layers),
+            "aux_layer_convention": AUX_LAYER_CONVENTION,
+            "storage_dtype": storage_dtype,
+            "compute_dtype": str(target.dtype).removeprefix("torch."),
+            "num_layers": target.num_layers,
+            "hidden_size": target.hidden_size,
+            "split": split,
+            "shard_tokens": shard_tokens,
+        },
+    )
+    done = read_record(out)
+    if is_done(out, record) and all((out / s).is_file() for s in done["outputs"].get("shards", [])):
+        log.info("capture: %s is up to date (same inputs); nothing to do", out)
+        return done
+
+    import datasets
+
+    data = datasets.load_from_disk(str(data_dir))
+    names = ["train", "validation"] if split == "all" else [split]
+    missing = [name for name in names if name not in data]
+    if missing:
+        raise BadInputError("--split", split, f"a split of {data_dir} (it has {sorted(data)})")
+    parts = [(name, data[name]) for name in names]
+    bounds, total_rows = {}, 0
+    for name, part in parts:
+        bounds[name] = [total_rows, total_rows + len(part)]
+        total_rows += len(part)
+
+    out.mkdir(parents=True, exist_ok=True)
+    if done is not None:  # a finished capture with other inputs: it is being replaced
+        (out / RECORD_FILE).unlink()
+    kept = _scan_shards(out, record.inputs_hash)
+    start_row = int(kept[-1]["end_row"]) if kept else 0
+    lengths = [n for _, part in parts for n in _row_lengths(part)]
+    per_token = bytes_per_token(len(layers), target.hidden_size, storage_dtype)
+    todo_tokens = sum(lengths[start_row:])
+    estimate = todo_tokens * per_token + 16 * (total_rows - start_row)
+    log.info(
+        "capture: %d rows, %d tokens%s; about %s on disk (%d bytes/token: %d x %d %s values + id + mask)",
+        total_rows - start_row,
+        todo_tokens,
+        f" to go (resuming after row {start_row}, {len(kept)} shard(s) kept)" if kept else "",
+        human_bytes(estimate),
+        per_token,
+        len(layers) + 1,
+        target.hidden_size,
+        storage_dtype,
+    )
+    free = shutil.disk_usage(out).free
+    if estimate > free:
+        raise BadInputError(
+            "--out",
+            f"{human_bytes(free)} free on its disk",
+            f"about {human_bytes(estimate)} for this capture",
+            "free some space, pick another folder, or capture fewer rows",
+        )
+
+    static_meta = {
+        "format": CAPTURE_FORMAT,
+        "version": str(CAPTURE_VERSION),
+        "inputs_hash": record.inputs_hash,
+        "aux_layers": json.dumps(list(layers)),
+        "aux_layer_convention": AUX_LAYER_CONVENTION,
+        "storage_dtype": storage_dtype,
+        "hidden_size": str(target.hidden_size),
+    }
+    writer = _ShardWriter(out, len(kept), start_row, static_meta, STORAGE_DTYPES[storage_dtype])
+    max_context = target.max_context
+    started = time.perf_counter()
+    bar = tqdm(total=total_rows, initial=start_row, desc="capture", unit="row", disable=not progress)
+    try:
+        row_number = 0
+        for _name, part in parts:
+            first = row_number
+            row_number += len(part)
+            if row_number <= start_row:
+                continue
+            skip = max(0, start_row - first)
+            rows = part.select_columns(["id", "input_ids", "loss_mask"]).select(range(skip, len(part)))
+            for offset, row in enumerate(rows):
+                index = first + skip + offset
+                ids, mask = row["input_ids"], row["loss_mask"]
+                _check_row(index, row["id"], ids, mask, target.vocab_size, max_context)
+                if sum(mask) > 0:
+                    tensors = capture_row(target, ids, layers)
+                    writer.add(index, row["id"], ids, mask, tensors)
+                    _check_finite(writer, index, row["id"], storage_dtype)
+                bar.update(1)
+                if writer.tokens >= shard_tokens:
+                    kept.append(writer.flush(end_row=index + 1))
+        if writer.lengths:
+            kept.append(writer.flush(end_row=total_rows))
+    finally:
+        bar.close()
+    elapsed = time.perf_counter() - started
+
+    rows_kept = sum(int(m["rows"]) for m in kept)
+    if rows_kept == 0:
+        raise BadInputError(
+            "--data", f"no row with supervised tokens in the {split} split", "loss_mask 1 somewhere"
+        )
+    shards = [shard_name(int(m["index"])) for m in kept]
+    tokens = sum(int(m["tokens"]) for m in kept)
+    size = sum((out / s).stat().st_size for s in shards)
+    summary = Summary(read=total_rows, kept=rows_kept)
+    if total_rows - rows_kept:
+        summary.dropped[DROP_NO_SUPERVISED] = total_rows - rows_kept
+    record.outputs = {
+        "shards": shards,
+        "rows": rows_kept,
+        "tokens": tokens,
+        "bytes": size,
+        "bytes_per_token": size / tokens,
+        "splits": bounds,
+        "aux_layer_ids": engine_layer_ids(layers),
+        "tensors": {
+            "input_ids": "int32 [N]",
+            "loss_mask": "int8 [N]",
+            "aux_hidden": f"{storage_dtype} [N, {len(layers)}*{target.hidden_size}] in aux_layers order",
+            "last_hidden": f"{storage_dtype} [N, {target.hidden_size}] pre-norm; logits = lm_head(norm(.))",
+            "offsets": "int64 [rows+1]",
+            "row_index": "int64 [rows]",
+        },
+        "device": str(target.device),
+        "last_run": {"rows": total_rows - start_row, "wall_s": round(elapsed, 3)},
+    }
+    return finish(out, record, summary)
+
+
+def _check_row(index: int, row_id: str, ids, mask, vocab_size: int, max_context: int) -> None:
+    where = f"row {index} ({row_id})"
+    if len(ids) != len(mask):
+        raise BadInputError(
+            "--data", f"{where}: {len(ids)} input_ids and {len(mask)} loss_mask entries", "the same length"
+        )
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        raise BadInputError(
+            "--data",
+            f"{where}: token id {min(ids) if min(ids) < 0 else max(ids)}",
+            f"ids in [0, {vocab_size})",
+        )
+    if any(m not in (0, 1) for m in mask):
+        raise BadInputError("--data", f"{where}: loss_mask values {sorted(set(mask) - {0, 1})}", "0 or 1")
+    if len(ids) > max_context:
+        raise BadInputError(
+            "--data", f"{where}: {len(ids)} tokens", f"at most {max_context} (the target's context)"
+        )
+
+
+def _check_finite(writer: _ShardWriter, index: int, row_id: str, storage_dtype: str) -> None:
+    for name in ("aux_hidden", "last_hidden"):
+        if not torch.isfinite(writer.parts[name][-1]).all():
+            raise DraftsmithError(
+                f"capture: row {index} ({row_id}): non-finite {name} in {storage_dtype} "
+                "(float16 overflows on large activations; use --storage-dtype bfloat16 or float32)"
+            )
+
+
+def summary_lines(record: dict) -> list[str]:
+    o, i = record["outputs"], record["inputs"]
+    lines = [
+        f"capture: {o['rows']} rows, {o['tokens']} tokens in {len(o['shards'])} shard(s), "
+        f"{human_bytes(o['bytes'])} ({o['bytes_per_token']:.0f} bytes/token, {i['storage_dtype']})",
+        f"capture: aux layers {i['aux_layers']} (0-based layer outputs; vLLM/speculators ids "
+        f"{[x + 1 for x in i['aux_layers']]})",
+    ]
+    last = o.get("last_run") or {}
+    if last.get("wall_s"):
+        lines.append(f"capture: {last['rows'] / last['wall_s']:.1f} rows/s in this run")
+    summary = record.get("summary") or {}
+    for reason, n in (summary.get("dropped") or {}).items():
+        lines.append(f"capture: skipped {n} row(s): {reason}")
+    return lines
+
+
+# ---- reading --------------------------------------------------------------------------------------------
+class CaptureFolder:
+    """A finished capture, row by row: `len`, `folder[k]`, iteration. Slices are read memory-mapped.
+
+    A row is {input_ids int32 [T], loss_mask int8 [T], aux_hidden [T, A*H], last_hidden [T, H]} in the
+    stored dtypes, plus row_index (int), id and split (str)."""
+
+    def __init__(self, folder: str | Path, field_name: str = "--capture"):
+        from safetensors import safe_open
+
+        self.folder = Path(folder)
+        self.record = require_record(self.folder, field_name, ("capture",))
+        inputs = self.record["inputs"]
+        self.aux_layers = tuple(inputs["aux_layers"])
+        self.hidden_size = inputs["hidden_size"]
+        self.storage_dtype = inputs["storage_dtype"]
+        self._handles = []
+        self._rows: list[tuple[int, int, int, int, str]] = []  # shard, start, end, row_index, id
+        for k, name in enumerate(self.record["outputs"]["shards"]):
+            path = self.folder / name
+            if not path.is_file():
+                raise BadInputError(field_name, f"{self.folder} without {name}", "a complete capture folder")
+            handle = safe_open(str(path), framework="pt")
+            self._handles.append(handle)
+            offsets = handle.get_tensor("offsets").tolist()
+            row_index = handle.get_tensor("row_index").tolist()
+            ids = json.loads(handle.metadata()["ids"])
+            for r, (index, row_id) in enumerate(zip(row_index, ids)):
+                self._rows.append((k, offsets[r], offsets[r + 1], index, row_id))
+        self._splits = self.record["outputs"].get("splits", {})
+
+    def check_target(self, target, field_name: str = "--target") -> None:
+        """Refuse a target whose tokenizer/template/vocab differs from the one captured."""
+        check_same_target(self.record, target, field_name)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def split_of(self, row_index: int) -> str:
+        for name, (lo, hi) in self._splits.items():
+            if lo <= row_index < hi:
+                return name
+        return self.record["inputs"]["split"]
+
+    def __getitem__(self, k: int) -> dict:
+        shard, start, end, index, row_id = self._rows[k]
+        handle = self._handles[shard]
+        row = {name: handle.get_slice(name)[start:end] for name in TOKEN_TENSORS}
+        row.update(row_index=index, id=row_id, split=self.split_of(index))
+        return row
+
+    def __iter__(self) -> Iterator[dict]:
+        for k in range(len(self)):
+            yield self[k]
+
+
+def load_capture(folder: str | Path) -> Iterator[dict]:
+    """Rows of a finished capture in order (see CaptureFolder)."""
+    return iter(CaptureFolder(folder))
+
+
+def run_from_args(args: argparse.Namespace) -> None:
+    # Cheap checks before loading the target (seconds to minutes).
+    require_record(args.data, "--data", DATA_STEPS)
+    layers = parse_aux_layers(args.aux_layers)
+    _check_options(args.storage_dtype, args.split, args.shard_tokens)
+
+    from draftsmith.runtime.target import Target
+
+    target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    record = capture(
+        target,
+        args.data,
+        args.out,
+        aux_layers=layers,
+        storage_dtype=args.storage_dtype,
+        split=args.split,
+        shard_tokens=args.shard_tokens,
+    )
+    for line in summary_lines(record):
+        log.info(line)

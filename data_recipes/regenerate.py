@@ -1,0 +1,200 @@
+"""`draftsmith data regenerate`: replace every assistant turn with the target's own answer.
+
+Self-distillation (the EAGLE-3 / SpecForge recipe): a head learns to predict what *the target* says, so
+the training answers should be the target's. Turn by turn: answer j is generated from the conversation
+with answers 1..j-1 already replaced, the user (and system) turns kept as they were.
+
+    draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8 --max-new-tokens 512
+
+- Batched through draftsmith's own decoding engine (`engine.decode_batch`), rows grouped by turn.
+- Deterministic under a seed: each (conversation id, turn) samples with its own generator seeded from
+  (seed, id, turn), so answers do not depend on batch size, order, or on where a killed run resumed.
+- Resumable: every finished batch is appended to OUT.partial/answers-NNNNN.jsonl (written atomically);
+  a restart reads them and generates only what is missing. The finished folder has the prepared format
+  (the same train/validation membership as the input) and records the sampling settings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from draftsmith.data_recipes.common import (
+    StepRecord,
+    Summary,
+    check_same_target,
+    content_hash,
+    fingerprint,
+    is_done,
+    require_record,
+)
+from draftsmith.runtime.config import atomic_write_text
+from draftsmith.runtime.engine import decode_batch
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.sampling import SamplingParams
+
+log = logging.getLogger("draftsmith")
+
+
+def row_generator(seed: int, row_id: str, turn: int, device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(int(content_hash([seed, row_id, turn]), 16) % (2**63))
+    return g
+
+
+def assistant_turns(messages: list[dict]) -> list[int]:
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+
+
+def load_answers(partial: Path) -> dict[tuple[str, int], str]:
+    """(row id, message index) -> regenerated text, from every complete chunk of a previous run."""
+    answers = {}
+    for chunk in sorted(partial.glob("answers-*.jsonl")):
+        for line in chunk.read_text().splitlines():
+            item = json.loads(line)
+            answers[(item["id"], item["index"])] = item["text"]
+    return answers
+
+
+def generate_turns(
+    target,
+    conversations: dict[str, list[dict]],
+    params: SamplingParams,
+    max_new_tokens: int,
+    seed: int,
+    batch_size: int,
+    partial: Path,
+    summary: Summary,
+    progress: bool = True,
+) -> dict[str, list[dict]]:
+    """Regenerate every assistant turn, round by round; returns the new conversations."""
+    answers = load_answers(partial)
+    if answers:
+        log.info("resuming: %d answers from a previous run in %s", len(answers), partial)
+    chunk_id = len(list(partial.glob("answers-*.jsonl")))
+    rounds = max((len(assistant_turns(m)) for m in conversations.values()), default=0)
+    total = sum(len(assistant_turns(m)) for m in conversations.values())
+    bar = tqdm(total=total, initial=len(answers), desc="regenerate", unit="turn", disable=not progress)
+    for r in range(rounds):
+        todo = []  # (row id, message index, prompt ids)
+        for row_id, messages in conversations.items():
+            turns = assistant_turns(messages)
+            if r >= len(turns) or (row_id, turns[r]) in answers:
+                continue
+            history = [_with_answer(m, i, row_id, answers) for i, m in enumerate(messages[: turns[r]])]
+            todo.append((row_id, turns[r], chat_prompt_ids(target, history)))
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            batch = [b for b in batch if _fits(target, b, summary)]
+            if not batch:
+                continue
+            gens = None
+            if not params.greedy:
+                gens = [row_generator(seed, row_id, index, target.device) for row_id, index, _ in batch]
+            results = decode_batch(target, [ids for _, _, ids in batch], params, max_new_tokens, gens)
+            lines = []
+            for (row_id, index, _), res in zip(batch, results, strict=True):
+                tokens = [t for t in res.token_ids if t not in target.eos_token_ids]
+                answers[(row_id, index)] = target.tokenizer.decode(tokens, skip_special_tokens=True)
+                summary.notes[f"answers ending by {res.finish_reason}"] += 1
+                lines.append(json.dumps({"id": row_id, "index": index, "text": answers[(row_id, index)]}))
+            atomic_write_text(partial / f"answers-{chunk_id:05d}.jsonl", "\n".join(lines) + "\n")
+            chunk_id += 1
+            bar.update(len(batch))
+    bar.close()
+    return {
+        row_id: [_with_answer(m, i, row_id, answers) for i, m in enumerate(messages)]
+        for row_id, messages in conversations.items()
+        if all((row_id, i) in answers for i in assistant_turns(messages))
+    }
+
+
+def _with_answer(message: dict, index: int, row_id: str, answers: dict) -> dict:
+    if message["role"] != "assistant":
+        return message
+    return {"role": "assistant", "content": answers[(row_id, index)]}
+
+
+def chat_prompt_ids(target, messages: list[dict]) -> list[int]:
+    text = target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return target.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _fits(target, item, summary: Summary) -> bool:
+    if len(item[2]) >= target.max_context:
+        summary.drop("prompt longer than the target's context")
+        return False
+    return True
+
+
+def regenerate(
+    target,
+    data_dir: str | Path,
+    out: str | Path,
+    params: SamplingParams,
+    max_new_tokens: int = 512,
+    seed: int = 0,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> dict:
+    """Regenerate a prepared folder into `out` (prepared format); a no-op when already done."""
+    import datasets
+
+    from draftsmith.data_recipes.prepare import write_prepared
+
+    params.validate()
+    for name, value in (("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BadInputError(name, value, "an integer >= 1")
+    source = require_record(data_dir, "--data", ("prepare", "regenerate"))
+    check_same_target(source, target, "--target")
+    out, partial = Path(out), Path(f"{out}.partial")
+    record = StepRecord(
+        "regenerate",
+        inputs={
+            "fingerprint": fingerprint(target),
+            "data_hash": source["inputs_hash"],
+            "sampling": {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k},
+            "max_new_tokens": max_new_tokens,
+            "seed": seed,
+            "max_length": source["inputs"].get("max_length"),
+        },
+    )
+    if is_done(out, record):
+        log.info("%s already holds this regeneration (inputs %s): nothing to do", out, record.inputs_hash)
+        return json.loads((out / "draftsmith_data.json").read_text())
+    partial.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(partial / "inputs.json", json.dumps(record.inputs, indent=1))
+    dataset = datasets.load_from_disk(str(data_dir))
+    conversations = {
+        row["id"]: json.loads(row["messages"])
+        for split in dataset
+        for row in dataset[split].select_columns(["id", "messages"])
+    }
+    summary = Summary(read=len(conversations))
+    new = generate_turns(
+        target, conversations, params, max_new_tokens, seed, batch_size, partial, summary, progress
+    )
+    rows = {
+        split: [(row_id, new[row_id]) for row_id in dataset[split]["id"] if row_id in new]
+        for split in dataset
+    }
+    # Rows keep their source split, so validation stays held out from what heads train on.
+    done = write_prepared(target, rows, out, record, summary, record.inputs["max_length"], progress=progress)
+    shutil.rmtree(partial, ignore_errors=True)
+    return done
+
+
+def run_from_args(args) -> None:
+    from draftsmith.runtime.target import Target
+
+    target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    params = SamplingParams(args.temperature, args.top_p, args.top_k)
+    done = regenerate(target, args.data, args.out, params, args.max_new_tokens, args.seed, args.batch_size)
+    summary = done.get("summary") or {}
+    log.info("regenerated into %s: %s", args.out, json.dumps(summary))
