@@ -41,24 +41,27 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.data_recipes.capture_reader import TOKEN_TENSORS, CaptureFolder, load_capture  # noqa: F401 (re-exported)
 from draftsmith.data_recipes.common import (
     RECORD_FILE,
     StepRecord,
     Summary,
+    atomic_save_file,
     check_same_target,
     fingerprint,
     finish,
+    guard_out_dir,
     is_done,
     read_record,
     require_record,
 )
-from draftsmith.data_recipes.vocab import DATA_STEPS, atomic_save_file, guard_out_dir
+from draftsmith.data_recipes.vocab import DATA_STEPS
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,6 @@ CAPTURE_FORMAT = "draftsmith-capture"
 CAPTURE_VERSION = 1
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SPLITS = ("train", "validation", "all")
-TOKEN_TENSORS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
 AUX_LAYER_CONVENTION = (
     "0-based decoder-layer outputs: id i is the residual stream after decoder layer i (transformers "
     "hidden_states[i+1]). SGLang, SpecForge and ModelOpt config ids mean the same ('output of layer i'); "
@@ -491,67 +493,6 @@ def summary_lines(record: dict) -> list[str]:
     for reason, n in (summary.get("dropped") or {}).items():
         lines.append(f"capture: skipped {n} row(s): {reason}")
     return lines
-
-
-# ---- reading --------------------------------------------------------------------------------------------
-class CaptureFolder:
-    """A finished capture, row by row: `len`, `folder[k]`, iteration. Slices are read memory-mapped.
-
-    A row is {input_ids int32 [T], loss_mask int8 [T], aux_hidden [T, A*H], last_hidden [T, H]} in the
-    stored dtypes, plus row_index (int), id and split (str)."""
-
-    def __init__(self, folder: str | Path, field_name: str = "--capture"):
-        from safetensors import safe_open
-
-        self.folder = Path(folder)
-        self.record = require_record(self.folder, field_name, ("capture",))
-        inputs = self.record["inputs"]
-        self.aux_layers = tuple(inputs["aux_layers"])
-        self.hidden_size = inputs["hidden_size"]
-        self.storage_dtype = inputs["storage_dtype"]
-        self._handles = []
-        self._rows: list[tuple[int, int, int, int, str]] = []  # shard, start, end, row_index, id
-        for k, name in enumerate(self.record["outputs"]["shards"]):
-            path = self.folder / name
-            if not path.is_file():
-                raise BadInputError(field_name, f"{self.folder} without {name}", "a complete capture folder")
-            handle = safe_open(str(path), framework="pt")
-            self._handles.append(handle)
-            offsets = handle.get_tensor("offsets").tolist()
-            row_index = handle.get_tensor("row_index").tolist()
-            ids = json.loads(handle.metadata()["ids"])
-            for r, (index, row_id) in enumerate(zip(row_index, ids)):
-                self._rows.append((k, offsets[r], offsets[r + 1], index, row_id))
-        self._splits = self.record["outputs"].get("splits", {})
-
-    def check_target(self, target, field_name: str = "--target") -> None:
-        """Refuse a target whose tokenizer/template/vocab differs from the one captured."""
-        check_same_target(self.record, target, field_name)
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def split_of(self, row_index: int) -> str:
-        for name, (lo, hi) in self._splits.items():
-            if lo <= row_index < hi:
-                return name
-        return self.record["inputs"]["split"]
-
-    def __getitem__(self, k: int) -> dict:
-        shard, start, end, index, row_id = self._rows[k]
-        handle = self._handles[shard]
-        row = {name: handle.get_slice(name)[start:end] for name in TOKEN_TENSORS}
-        row.update(row_index=index, id=row_id, split=self.split_of(index))
-        return row
-
-    def __iter__(self) -> Iterator[dict]:
-        for k in range(len(self)):
-            yield self[k]
-
-
-def load_capture(folder: str | Path) -> Iterator[dict]:
-    """Rows of a finished capture in order (see CaptureFolder)."""
-    return iter(CaptureFolder(folder))
 
 
 def run_from_args(args: argparse.Namespace) -> None:

@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import torch
 
 from draftsmith.runtime.config import atomic_write_text
 from draftsmith.runtime.errors import BadInputError
@@ -143,3 +147,34 @@ def check_same_target(record: dict, target, field_name: str) -> None:
                 f"{key} {expected[key]} of {target.name}",
                 "prepare the data again for this target",
             )
+
+
+def atomic_save_file(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """safetensors save_file to a temp name in the same folder, fsync, rename: never a half-written file."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def guard_out_dir(out: Path, data_dir: Path, step: str) -> None:
+    """Refuse to write a step's output over its input or over another step's folder."""
+    if out.resolve() == data_dir.resolve():
+        raise BadInputError("--out", str(out), "a folder other than --data (the input would be overwritten)")
+    done = read_record(out)
+    if done is not None and done.get("step") != step:
+        raise BadInputError(
+            "--out",
+            f"{out} (holds a finished {done.get('step')} step)",
+            f"an empty folder or an earlier {step} output",
+        )

@@ -63,7 +63,7 @@ EMPTY = "empty conversation"
 NO_ASSISTANT = "no assistant turn"
 UNKNOWN_ROLE = "unknown role"
 NON_ALTERNATING = "non-alternating roles"
-ASSISTANT_FIRST = "non-alternating roles (assistant first)"
+LEADING_ASSISTANT_NOTE = "leading assistant turn dropped (no question before it)"
 MALFORMED = "malformed row"
 TRIMMED_NOTE = "trailing user turn trimmed"
 
@@ -305,9 +305,15 @@ def normalize(row_id: str, row: dict, summary: Summary) -> Conversation | None:
     if all(not m["content"].strip() for m in messages):
         summary.drop(EMPTY)
         return None
+    start = 1 if messages[0]["role"] == "system" else 0
+    if len(messages) > start and messages[start]["role"] == "assistant":
+        # ShareGPT V3 splits long chats into chunks; ~39% start with the assistant's reply to a question
+        # in the previous chunk. Like FastChat's and EAGLE's data scripts, drop that orphan reply, keep
+        # the rest.
+        del messages[start]
+        summary.notes[LEADING_ASSISTANT_NOTE] += 1
     if not alternates(messages):
-        body = messages[1:] if messages[0]["role"] == "system" else messages
-        summary.drop(ASSISTANT_FIRST if body and body[0]["role"] == "assistant" else NON_ALTERNATING)
+        summary.drop(NON_ALTERNATING)
         return None
     last_answer = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
     if last_answer is None:

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,7 +34,9 @@ from draftsmith.data_recipes.common import (
     RECORD_FILE,
     StepRecord,
     Summary,
+    atomic_save_file,
     finish,
+    guard_out_dir,
     is_done,
     read_record,
     require_record,
@@ -200,24 +200,6 @@ def validate_draft_vocab(
 
 
 # ---- files -------------------------------------------------------------------------------------------
-def atomic_save_file(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    """safetensors save_file to a temp name in the same folder, fsync, rename: never a half-written file."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_draft_vocab(path: str | Path, d2t: torch.Tensor, t2d: torch.Tensor, metadata: dict | None = None):
     """Write d2t/t2d atomically as safetensors, with the sizes and the convention in the metadata."""
     meta = {
@@ -249,19 +231,6 @@ def load_draft_vocab(
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
     validate_draft_vocab(d2t, t2d, vocab_size or t2d.numel(), draft_vocab_size or d2t.numel())
     return d2t, t2d
-
-
-def guard_out_dir(out: Path, data_dir: Path, step: str) -> None:
-    """Refuse to write a step's output over its input or over another step's folder."""
-    if out.resolve() == data_dir.resolve():
-        raise BadInputError("--out", str(out), "a folder other than --data (the input would be overwritten)")
-    done = read_record(out)
-    if done is not None and done.get("step") != step:
-        raise BadInputError(
-            "--out",
-            f"{out} (holds a finished {done.get('step')} step)",
-            f"an empty folder or an earlier {step} output",
-        )
 
 
 def write_draft_vocab(

@@ -93,13 +93,8 @@ def test_end_to_end_columns_split_and_record(tiny_target, source, tmp_path):
     assert record["summary"] == {
         "read": len(GOOD) + len(BAD),
         "kept": len(GOOD),
-        "dropped": {
-            "empty conversation": 1,
-            "unknown role": 1,
-            "non-alternating roles (assistant first)": 1,
-            "no assistant turn": 1,
-        },
-        "notes": {},
+        "dropped": {"empty conversation": 1, "unknown role": 1, "no assistant turn": 2},
+        "notes": {"leading assistant turn dropped (no question before it)": 1},
     }
     assert not list(tmp_path.glob(".prepared.*"))  # no temporary folder left
 

@@ -99,8 +99,7 @@ def test_bad_rows_are_counted_by_reason(tmp_path):
         {"conversations": [human, human, gpt]},  # non-alternating
         {"conversations": [human, gpt, gpt]},  # non-alternating
         {"conversations": [human, gpt, {"from": "system", "value": "S"}, human, gpt]},  # system mid-way
-        {"conversations": [gpt, human, gpt]},  # assistant first
-        {"conversations": [{"from": "system", "value": "S"}, gpt]},  # assistant first after system
+        {"conversations": [{"from": "system", "value": "S"}, gpt]},  # leading answer dropped: no assistant
         {"conversations": [human, {"from": "gpt", "value": None}]},  # malformed
         {"conversations": "not a list"},  # malformed
         {"text": "no conversation field"},  # malformed
@@ -112,11 +111,22 @@ def test_bad_rows_are_counted_by_reason(tmp_path):
     assert summary.read == len(rows) and summary.kept == 0  # kept is prepare's count
     assert summary.dropped == {
         "empty conversation": 2,
-        "no assistant turn": 2,
+        "no assistant turn": 3,
         "unknown role": 2,
         "non-alternating roles": 3,
-        "non-alternating roles (assistant first)": 2,
         "malformed row": 4,
+    }
+    assert summary.notes["leading assistant turn dropped (no question before it)"] == 1
+
+
+def test_leading_assistant_turn_is_dropped_and_counted(tmp_path):
+    human, gpt = {"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}
+    orphan = {"from": "gpt", "value": "the end of an earlier answer"}
+    rows = [{"id": "x", "conversations": [orphan, human, gpt]}]
+    got, summary = read_all(write(tmp_path / "orphan.json", rows))
+    assert list(got.values()) == [[{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]]
+    assert summary.dropped == {} and summary.notes == {
+        "leading assistant turn dropped (no question before it)": 1
     }
 
 
