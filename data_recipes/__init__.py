@@ -1,5 +1,10 @@
-"""draftsmith.data_recipes: conversations, chat templating, loss masks, regeneration, hidden-state capture,
-draft-vocabulary maps.
+"""draftsmith.data_recipes: conversations -> training data for draft heads (`draftsmith data ...`).
 
-Empty until the data recipes issue lands; `draftsmith data` is not offered before then.
+Modules: `sources` (ShareGPT bundle, local JSON/JSONL/Parquet, prompt lists, `datasets` names ->
+normalized conversations, bad rows skipped and counted), `templating` (chat template rendering and
+assistant-only loss masks by the render-boundary method), `prepare` (the prepared DatasetDict folder),
+`regenerate` (assistant turns replaced by the target's own answers), `capture` / `capture_reader`
+(aux and last hidden states in sharded safetensors; the same code computes them online), `vocab`
+(draft-vocabulary maps d2t/t2d), `common` (content hashes, step records, summaries, atomic files).
+Every step writes `draftsmith_data.json` last; same inputs = no-op; killed steps resume.
 """

@@ -38,7 +38,7 @@ def add_data(sub) -> None:
         "--source",
         required=True,
         help="sharegpt (bundled ShareGPT V3), a local .json/.jsonl/.parquet file of conversations (ShareGPT "
-        "from/value or OpenAI role/content), prompts:FILE (one user turn per line), or a datasets name",
+        "from/value or OpenAI role/content), prompts:FILE (one user turn per line), or datasets NAME[:SPLIT]",
     )
     prep.add_argument("--out", required=True, help="output folder (a datasets DatasetDict + record)")
     prep.add_argument(

@@ -133,3 +133,13 @@ def test_bad_inputs(tiny_target, prepared, tmp_path):
     (prepared / "draftsmith_data.json").write_text(json.dumps(record))
     with pytest.raises(BadInputError, match="tokenizer_hash"):
         regen.regenerate(tiny_target, prepared, tmp_path / "o", SamplingParams(), progress=False)
+
+
+def test_cli_regenerate(tiny_dir, prepared, tmp_path, capsys):
+    from draftsmith.runtime.cli import main
+
+    argv = ["data", "regenerate", "--target", str(tiny_dir), "--data", str(prepared), "--max-new-tokens", "4"]
+    assert main([*argv, "--out", str(tmp_path / "regen")]) == 0
+    assert read_record(tmp_path / "regen")["step"] == "regenerate"
+    assert main([*argv, "--out", str(tmp_path / "bad"), "--batch-size", "0"]) == 2
+    assert "--batch-size" in capsys.readouterr().err
