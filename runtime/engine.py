@@ -12,6 +12,7 @@ target's context.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +75,25 @@ def check_prompts(target: Target, prompts: list[list[int]], max_new_tokens: int)
             )
 
 
+def batches(
+    target: Target,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    max_new_tokens: int,
+    batch_size: int,
+    progress: bool,
+    desc: str,
+) -> Iterator[list[int]]:
+    """Check a run's inputs, then yield the row indices of each batch in order (with a progress bar)."""
+    params.validate()
+    check_prompts(target, prompts, max_new_tokens)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BadInputError("batch_size", batch_size, "an integer >= 1")
+    starts = range(0, len(prompts), batch_size)
+    for start in tqdm(starts, desc=desc, unit="batch", disable=not progress or len(starts) < 2):
+        yield list(range(start, min(start + batch_size, len(prompts))))
+
+
 def generate_plain(
     target: Target,
     prompts: list[list[int]],
@@ -84,14 +104,8 @@ def generate_plain(
     progress: bool = False,
 ) -> list[GenerationResult]:
     """Decode every prompt (token ids); rows are grouped into batches of `batch_size` in order."""
-    params.validate()
-    check_prompts(target, prompts, max_new_tokens)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise BadInputError("batch_size", batch_size, "an integer >= 1")
     results: list[GenerationResult] = []
-    starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc="generate", unit="batch", disable=not progress or len(starts) < 2):
-        rows = list(range(start, min(start + batch_size, len(prompts))))
+    for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, "generate"):
         generators = None if params.greedy else make_generators(seed, rows, target.device)
         results += decode_batch(target, [prompts[r] for r in rows], params, max_new_tokens, generators)
     return results

@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 
 import torch
-from tqdm.auto import tqdm
 
 from draftsmith.runtime.acceptance import (
     Verdict,
@@ -34,14 +33,7 @@ from draftsmith.runtime.acceptance import (
     generator_draw,
 )
 from draftsmith.runtime.drafting import Draft, Drafter
-from draftsmith.runtime.engine import (
-    GenerationResult,
-    check_prompts,
-    prefill,
-    stop_reason,
-    token_budgets,
-)
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.engine import GenerationResult, batches, prefill, stop_reason, token_budgets
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs, make_generators, next_tokens
 from draftsmith.runtime.target import Target
@@ -61,16 +53,9 @@ def generate_speculative(
     progress: bool = False,
 ) -> list[GenerationResult]:
     """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order."""
-    params.validate()
-    check_prompts(target, prompts, max_new_tokens)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise BadInputError("batch_size", batch_size, "an integer >= 1")
     results: list[GenerationResult] = []
-    starts = range(0, len(prompts), batch_size)
-    for start in tqdm(
-        starts, desc=f"generate ({drafter.name})", unit="batch", disable=not progress or len(starts) < 2
-    ):
-        rows = list(range(start, min(start + batch_size, len(prompts))))
+    desc = f"generate ({drafter.name})"
+    for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, desc):
         gens = draft_gens = None
         if not params.greedy:
             gens = make_generators(seed, rows, target.device)
