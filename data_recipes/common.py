@@ -14,37 +14,22 @@ hex digits, and recorded so training can refuse data made for another target, to
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
+from draftsmith.runtime.artifacts import (  # noqa: F401 (re-exported for the data steps)
+    atomic_save_file,
+    content_hash,
+    template_hash,
+    tokenizer_hash,
+)
 from draftsmith.runtime.config import atomic_write_text
 from draftsmith.runtime.errors import BadInputError
 
 RECORD_FILE = "draftsmith_data.json"
 FORMAT_VERSION = 1
-
-
-def content_hash(value) -> str:
-    """sha256 of canonical JSON (sorted keys), 16 hex digits."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def tokenizer_hash(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    specials = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    return content_hash({"vocab": vocab, "specials": specials})
-
-
-def template_hash(tokenizer) -> str:
-    return content_hash({"chat_template": tokenizer.chat_template or ""})
 
 
 def fingerprint(target) -> dict:
@@ -147,24 +132,6 @@ def check_same_target(record: dict, target, field_name: str) -> None:
                 f"{key} {expected[key]} of {target.name}",
                 "prepare the data again for this target",
             )
-
-
-def atomic_save_file(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    """safetensors save_file to a temp name in the same folder, fsync, rename: never a half-written file."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def guard_out_dir(out: Path, data_dir: Path, step: str) -> None:

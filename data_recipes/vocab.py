@@ -41,6 +41,7 @@ from draftsmith.data_recipes.common import (
     read_record,
     require_record,
 )
+from draftsmith.runtime.artifacts import check_draft_vocab_size, validate_draft_vocab  # noqa: F401
 from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger(__name__)
@@ -114,14 +115,6 @@ def _counts_array(token_counts, vocab_size: int) -> np.ndarray:
     return counts
 
 
-def check_draft_vocab_size(vocab_size: int, draft_vocab_size: int) -> None:
-    if not 0 < draft_vocab_size <= vocab_size:
-        raise BadInputError(
-            "--draft-vocab-size", draft_vocab_size, f"an integer in [1, {vocab_size}] (the target vocab)"
-        )
-
-
-# ---- the map -----------------------------------------------------------------------------------------
 def select_tokens(counts: np.ndarray, draft_vocab_size: int) -> np.ndarray:
     """The draft vocab's target ids, ascending: top `draft_vocab_size` by count, ties to the lower id.
 
@@ -163,40 +156,6 @@ def _map_from_counts(counts: np.ndarray, draft_vocab_size: int) -> tuple[torch.T
     t2d = torch.zeros(counts.size, dtype=torch.bool)
     t2d[used] = True
     return d2t, t2d
-
-
-def validate_draft_vocab(
-    d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int, draft_vocab_size: int
-) -> None:
-    """Every invariant SGLang/vLLM rely on (reliability.md C9-C10); errors name the field."""
-    check_draft_vocab_size(vocab_size, draft_vocab_size)
-    if not isinstance(d2t, torch.Tensor) or d2t.dtype != torch.int64:
-        raise BadInputError("d2t", getattr(d2t, "dtype", type(d2t).__name__), "an int64 tensor (offsets)")
-    if tuple(d2t.shape) != (draft_vocab_size,):
-        raise BadInputError("d2t", f"shape {tuple(d2t.shape)}", f"[{draft_vocab_size}] (draft_vocab_size)")
-    if not isinstance(t2d, torch.Tensor) or t2d.dtype != torch.bool:
-        raise BadInputError("t2d", getattr(t2d, "dtype", type(t2d).__name__), "a bool tensor")
-    if tuple(t2d.shape) != (vocab_size,):
-        raise BadInputError("t2d", f"shape {tuple(t2d.shape)}", f"[{vocab_size}] (the target vocab size)")
-    ids = d2t.cpu() + torch.arange(draft_vocab_size, dtype=torch.int64)
-    if ids.min() < 0 or ids.max() >= vocab_size:
-        bad = int(ids.min() if ids.min() < 0 else ids.max())
-        raise BadInputError(
-            "d2t", f"a target id {bad} (d + d2t[d])", f"ids in [0, {vocab_size}); d2t holds offsets"
-        )
-    if ids.unique().numel() != draft_vocab_size:
-        raise BadInputError(
-            "d2t", f"{draft_vocab_size - ids.unique().numel()} duplicated target ids", "unique target ids"
-        )
-    total = int(t2d.sum())
-    if total != draft_vocab_size:
-        raise BadInputError(
-            "t2d", f"{total} True entries", f"t2d.sum() == draft_vocab_size {draft_vocab_size}"
-        )
-    if not torch.equal(torch.nonzero(t2d.cpu()).flatten(), ids):
-        raise BadInputError(
-            "d2t/t2d", "nonzero(t2d) != d2t + arange", "the same ids, ascending (d2t sorted by target id)"
-        )
 
 
 # ---- files -------------------------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""Identity hashes, atomic tensor files and draft-vocabulary checks shared by heads and data steps.
+
+Pure helpers (torch, safetensors, json): `draftsmith.runtime` uses them to load and validate heads, and
+`draftsmith.data_recipes` to record what data was made for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from draftsmith.runtime.errors import BadInputError
+
+
+def content_hash(value) -> str:
+    """sha256 of canonical JSON (sorted keys), 16 hex digits."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tokenizer_hash(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    specials = {k: getattr(tokenizer, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    return content_hash({"vocab": vocab, "specials": specials})
+
+
+def template_hash(tokenizer) -> str:
+    return content_hash({"chat_template": tokenizer.chat_template or ""})
+
+
+def atomic_save_file(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """safetensors save_file to a temp name in the same folder, fsync, rename: never a half-written file."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_draft_vocab_size(vocab_size: int, draft_vocab_size: int) -> None:
+    if not 0 < draft_vocab_size <= vocab_size:
+        raise BadInputError(
+            "--draft-vocab-size", draft_vocab_size, f"an integer in [1, {vocab_size}] (the target vocab)"
+        )
+
+
+# ---- the map -----------------------------------------------------------------------------------------
+
+
+def validate_draft_vocab(
+    d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int, draft_vocab_size: int
+) -> None:
+    """Every invariant SGLang/vLLM rely on (reliability.md C9-C10); errors name the field."""
+    check_draft_vocab_size(vocab_size, draft_vocab_size)
+    if not isinstance(d2t, torch.Tensor) or d2t.dtype != torch.int64:
+        raise BadInputError("d2t", getattr(d2t, "dtype", type(d2t).__name__), "an int64 tensor (offsets)")
+    if tuple(d2t.shape) != (draft_vocab_size,):
+        raise BadInputError("d2t", f"shape {tuple(d2t.shape)}", f"[{draft_vocab_size}] (draft_vocab_size)")
+    if not isinstance(t2d, torch.Tensor) or t2d.dtype != torch.bool:
+        raise BadInputError("t2d", getattr(t2d, "dtype", type(t2d).__name__), "a bool tensor")
+    if tuple(t2d.shape) != (vocab_size,):
+        raise BadInputError("t2d", f"shape {tuple(t2d.shape)}", f"[{vocab_size}] (the target vocab size)")
+    ids = d2t.cpu() + torch.arange(draft_vocab_size, dtype=torch.int64)
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        bad = int(ids.min() if ids.min() < 0 else ids.max())
+        raise BadInputError(
+            "d2t", f"a target id {bad} (d + d2t[d])", f"ids in [0, {vocab_size}); d2t holds offsets"
+        )
+    if ids.unique().numel() != draft_vocab_size:
+        raise BadInputError(
+            "d2t", f"{draft_vocab_size - ids.unique().numel()} duplicated target ids", "unique target ids"
+        )
+    total = int(t2d.sum())
+    if total != draft_vocab_size:
+        raise BadInputError(
+            "t2d", f"{total} True entries", f"t2d.sum() == draft_vocab_size {draft_vocab_size}"
+        )
+    if not torch.equal(torch.nonzero(t2d.cpu()).flatten(), ids):
+        raise BadInputError(
+            "d2t/t2d", "nonzero(t2d) != d2t + arange", "the same ids, ascending (d2t sorted by target id)"
+        )

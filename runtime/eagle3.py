@@ -1,0 +1,275 @@
+"""The EAGLE-3 draft head (Li et al. 2025): one decoder layer on the target's fused features.
+
+    config = Eagle3Config.for_target(target, draft_vocab_size=8192)
+    head = Eagle3Head(config)
+    fused = head.fc(aux)                               # [B, T, A*Ht] -> [B, T, H]: target features, fused
+    h = head(target.embed(next_ids), fused, positions, cache)   # [B, T, H], pre-norm output
+    head.target_logits(h)                              # [B, T, V]: draft logits scattered to target ids
+
+Position t combines the embedding of token t+1 with the feature of position t (the target's aux hidden
+states fused by `fc`, or, after the first drafted step, the head's own output at the parent) and predicts
+token t+2. The layer's attention input is [norm(embedding); norm(feature)] (2H wide); its residual
+stream is the feature. The target's embedding is reused (never stored in the head); the LM head covers a
+reduced draft vocabulary whose ids map to target ids by `d2t` offsets (target id = draft id + d2t).
+
+Parameter names are exactly those of the official / SGLang EAGLE-3 layout (mission_anchors.md b1):
+`fc.weight`, `midlayer.{input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
+mlp.{gate,up,down}_proj}`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`. The pieces that are plain Llama
+(RMSNorm, gated MLP, rotary embedding) come from transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from draftsmith.runtime.artifacts import atomic_save_file, tokenizer_hash, validate_draft_vocab
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.kv_cache import KVCache
+from draftsmith.runtime.masks import attention_mask
+
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+LAYER_KEYS = (  # the Llama fields that describe the draft layer, copied from the target's config
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_parameters",
+    "max_position_embeddings",
+    "hidden_act",
+)
+
+
+@dataclass
+class Eagle3Config:
+    target: str  # the target's name (identity checks use the hashes and sizes below)
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int]  # 0-based decoder-layer outputs (transformers hidden_states[i + 1])
+    tokenizer_hash: str
+    layer: dict = field(default_factory=dict)  # Llama fields of the draft layer (LAYER_KEYS)
+    head_type: str = "eagle3"
+
+    @classmethod
+    def for_target(cls, target, aux_layer_ids=None, draft_vocab_size: int | None = None) -> Eagle3Config:
+        cfg = target.config.to_dict()
+        layers = target.num_layers
+        aux = list(aux_layer_ids) if aux_layer_ids is not None else [1, layers // 2 - 1, layers - 4]
+        layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
+        layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
+        config = cls(
+            target=target.name,
+            vocab_size=target.vocab_size,
+            draft_vocab_size=draft_vocab_size or target.vocab_size,
+            target_hidden_size=target.hidden_size,
+            aux_layer_ids=aux,
+            tokenizer_hash=tokenizer_hash(target.tokenizer),
+            layer=layer,
+        )
+        config.validate(num_target_layers=layers)
+        return config
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer["hidden_size"]
+
+    def validate(self, num_target_layers: int | None = None) -> Eagle3Config:
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise BadInputError(
+                "draft_vocab_size", self.draft_vocab_size, f"an integer in [1, {self.vocab_size}]"
+            )
+        aux = self.aux_layer_ids
+        top = num_target_layers if num_target_layers is not None else 10**9
+        if not aux or len(set(aux)) != len(aux) or any(not 0 <= i < top for i in aux):
+            raise BadInputError("aux_layer_ids", aux, f"distinct layer ids in [0, {top})")
+        missing = [
+            k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in self.layer
+        ]
+        if missing:
+            raise BadInputError("layer", sorted(self.layer), f"the Llama fields {missing} too")
+        return self
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        layer = cfg.layer
+        self.heads, self.kv_heads, self.head_dim = (
+            layer["num_attention_heads"],
+            layer.get("num_key_value_heads", layer["num_attention_heads"]),
+            layer["head_dim"],
+        )
+        width = 2 * cfg.hidden_size  # [norm(embedding); norm(feature)]
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, rope, cache: KVCache | None, mask):  # x [B, T, 2H]
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        batch, new, _ = x.shape
+        q = self.q_proj(x).view(batch, new, self.heads, self.head_dim).transpose(1, 2)  # [B, nh, T, d]
+        k = self.k_proj(x).view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *rope)
+        if cache is not None:
+            k, v = cache.update(k, v, 0)  # [B, nkv, S, d]
+        if mask is None:
+            mask = torch.ones(new, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - new)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, new, -1))
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: Eagle3Config, llama_config):
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+        super().__init__()
+        eps, hidden = cfg.layer.get("rms_norm_eps", 1e-6), cfg.hidden_size
+        self.input_layernorm = LlamaRMSNorm(hidden, eps)  # on the token embedding
+        self.hidden_norm = LlamaRMSNorm(hidden, eps)  # on the feature
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = LlamaRMSNorm(hidden, eps)
+        self.mlp = LlamaMLP(llama_config)
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+        super().__init__()
+        self.config = cfg.validate()
+        llama = LlamaConfig(**cfg.layer, num_hidden_layers=1, vocab_size=cfg.vocab_size)
+        hidden = cfg.hidden_size
+        self.fc = nn.Linear(len(cfg.aux_layer_ids) * cfg.target_hidden_size, hidden, bias=False)
+        self.midlayer = Eagle3Layer(cfg, llama)
+        self.norm = LlamaRMSNorm(hidden, cfg.layer.get("rms_norm_eps", 1e-6))
+        self.lm_head = nn.Linear(hidden, cfg.draft_vocab_size, bias=False)
+        self.rotary = LlamaRotaryEmbedding(llama)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.set_draft_vocab(torch.arange(cfg.draft_vocab_size))
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Draft id i stands for target id target_ids[i] (ascending, unique)."""
+        self.d2t.copy_(target_ids - torch.arange(len(target_ids)))
+        self.t2d.zero_()
+        self.t2d[target_ids] = True
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        attn = self.midlayer.self_attn
+        weight = self.fc.weight
+        return KVCache(1, batch, attn.kv_heads, attn.head_dim, capacity, weight.dtype, weight.device)
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [B, T, H] the target's embedding of tokens t+1
+        feature: torch.Tensor,  # [B, T, H] fused target features at t (fc output) or the head's own output
+        position_ids: torch.Tensor,  # [B, T]
+        cache: KVCache | None = None,
+        token_valid: torch.Tensor | None = None,  # [B, T]
+        tree_mask: torch.Tensor | None = None,  # [B?, T, W] over the last W cache slots (masks.py)
+    ) -> torch.Tensor:
+        """-> the layer's output [B, T, H] (pre-norm; feed it back as the next step's feature)."""
+        layer = self.midlayer
+        mask = None
+        if cache is not None:
+            batch, new = embeds.shape[:2]
+            valid = (
+                torch.ones(batch, new, dtype=torch.bool, device=embeds.device)
+                if token_valid is None
+                else token_valid
+            )
+            cache.reserve(new, valid)
+            mask = attention_mask(cache.valid[:, : cache.length + new], new, tree_mask)  # [B, 1, T, S]
+        rope = self.rotary(feature, position_ids=position_ids)
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(feature)], dim=-1)  # [B, T, 2H]
+        h = feature + layer.self_attn(x, rope, cache, mask)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if cache is not None:
+            cache.commit()
+        return h
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h)).float()  # [..., Vd]
+
+    def target_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft logits placed at their target ids, -inf elsewhere -> [..., V] (what vLLM's compute_logits
+        does), so the runtime samples and verifies in the target's vocabulary."""
+        draft = self.draft_logits(h)
+        full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
+        index = (self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)).expand_as(draft)
+        return full.scatter(-1, index, draft)
+
+
+# ---- files --------------------------------------------------------------------------------------------
+def save_head(head: Eagle3Head, folder: str | Path) -> None:
+    """config.json + model.safetensors (the rotary cache is derived, never stored), written atomically."""
+    from draftsmith.runtime.config import atomic_write_text
+
+    folder = Path(folder)
+    tensors = {
+        k: v.detach().contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")
+    }
+    atomic_save_file(folder / WEIGHTS_FILE, tensors, {"format": "pt", "head_type": "eagle3"})
+    atomic_write_text(folder / CONFIG_FILE, json.dumps(asdict(head.config), indent=1) + "\n")
+
+
+def load_head(folder: str | Path, target=None) -> Eagle3Head:
+    """Strict load: every tensor present with its exact shape, nothing extra, all finite; checked
+    against `target` when given (vocab, hidden size, aux layers, tokenizer)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise BadInputError("eagle3 head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    raw = json.loads((folder / CONFIG_FILE).read_text())
+    if raw.get("head_type") != "eagle3":
+        raise BadInputError("head_type", raw.get("head_type"), "eagle3")
+    try:
+        config = Eagle3Config(**raw)
+    except TypeError as err:
+        raise BadInputError(
+            f"{folder / CONFIG_FILE}", sorted(raw), "the Eagle3Config fields", str(err)
+        ) from None
+    if target is not None:
+        check_head_matches_target(config, target)
+    head = Eagle3Head(config)
+    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    tensors = load_file(str(folder / WEIGHTS_FILE))
+    for name in sorted(set(expected) | set(tensors)):
+        if name not in tensors:
+            raise BadInputError(f"tensor {name}", "missing", f"shape {list(expected[name].shape)}")
+        if name not in expected:
+            raise BadInputError(f"tensor {name}", "unexpected", f"only {len(expected)} known EAGLE-3 tensors")
+        if tensors[name].shape != expected[name].shape:
+            raise BadInputError(
+                f"tensor {name}", list(tensors[name].shape), f"shape {list(expected[name].shape)}"
+            )
+        if tensors[name].is_floating_point() and not torch.isfinite(tensors[name]).all():
+            raise BadInputError(f"tensor {name}", "non-finite values", "finite weights")
+    head.load_state_dict(tensors, strict=False)
+    validate_draft_vocab(head.d2t, head.t2d, config.vocab_size, config.draft_vocab_size)
+    return head.eval()
+
+
+def check_head_matches_target(config: Eagle3Config, target) -> None:
+    checks = [
+        ("vocab_size", config.vocab_size, target.vocab_size),
+        ("target_hidden_size", config.target_hidden_size, target.hidden_size),
+        ("tokenizer_hash", config.tokenizer_hash, tokenizer_hash(target.tokenizer)),
+    ]
+    for name, got, expected in checks:
+        if got != expected:
+            raise BadInputError(f"eagle3 head {name}", got, f"{expected} (the target {target.name})")
+    config.validate(num_target_layers=target.num_layers)
