@@ -17,7 +17,7 @@ reach it as the head of the next `contexts`. Draft specs (ARCHITECTURE.md sectio
     ngram           prompt lookup in the context (no model)
     self:layers=N   the target's first N layers + its final norm and LM head (self-speculation)
     model:TARGET    a standalone draft LM sharing the target's tokenizer (alias, folder, Hub id, .gguf)
-    eagle3:DIR      EAGLE-3 head (arrives with the EAGLE-3 issue)
+    eagle3:DIR      an EAGLE-3 head folder (runtime/eagle3.py; training arrives with the EAGLE-3 issue)
     mtp:DIR         MTP head (arrives with the MTP issue)
 
 This registry is the only place that switches on a drafter's name.
@@ -54,20 +54,28 @@ class Drafter:
     """Base class: the no-op parts of the protocol. Subclasses implement `propose`."""
 
     name = "drafter"
+    capture_layers: tuple[
+        int, ...
+    ] = ()  # target layers whose hidden states the drafter reads (feature heads)
 
     def __init__(self) -> None:
         self.forwards = 0  # draft model forwards so far (each covers the whole batch)
 
     def start(
-        self, prompts: list[list[int]], params: SamplingParams, generators: list[torch.Generator] | None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        generators: list[torch.Generator] | None,
+        features: list[torch.Tensor] | None = None,  # per row [len(prompt), A*H] when capture_layers
     ) -> None:
         self.params, self.generators = params, generators
 
     def propose(self, contexts: list[list[int]]) -> list[Draft]:
         raise NotImplementedError
 
-    def commit(self, accepted: list[list[int]]) -> None:
-        pass
+    def commit(self, accepted: list[list[int]], features: list[torch.Tensor] | None = None) -> None:
+        """accepted[i]: node ids the target accepted in row i; features[i]: the target's features at the
+        root and those nodes [1 + len(accepted[i]), A*H] (feature heads only)."""
 
     def retain(self, rows: list[int]) -> None:
         if self.generators is not None:
@@ -75,7 +83,7 @@ class Drafter:
 
 
 DRAFT_SPECS = ("none", "ngram", "self:layers=N", "model:TARGET", "eagle3:DIR", "mtp:DIR")
-NOT_YET = {"eagle3": "the EAGLE-3 issue", "mtp": "the MTP issue"}
+NOT_YET = {"mtp": "the MTP issue"}
 
 
 def build_drafter(
@@ -97,9 +105,15 @@ def build_drafter(
         from draftsmith.runtime.lm_drafter import LMDrafter, load_draft_model
 
         return LMDrafter(load_draft_model(arg, target, device, dtype), tree)
+    if kind == "eagle3" and arg:
+        from draftsmith.runtime.eagle3 import load_head
+        from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
+
+        head = load_head(arg, target).to(device=target.device, dtype=target.dtype)
+        return Eagle3Drafter(head, target, tree)
     if kind in NOT_YET and arg:
         raise BadInputError(
-            "--draft", spec, f"one of {list(DRAFT_SPECS[:4])}", f"{kind} heads arrive with {NOT_YET[kind]}"
+            "--draft", spec, f"one of {list(DRAFT_SPECS[:5])}", f"{kind} heads arrive with {NOT_YET[kind]}"
         )
     raise BadInputError("--draft", spec, f"one of {', '.join(DRAFT_SPECS)}")
 

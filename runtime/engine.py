@@ -113,6 +113,15 @@ def generate_plain(
 
 def prefill(target: Target, prompts: list[list[int]], extra: int) -> tuple[KVCache, torch.Tensor]:
     """Left-pad the prompts, run them through the target -> (cache, logits after each prompt [B, V])."""
+    cache, logits, _ = prefill_features(target, prompts, extra, ())
+    return cache, logits
+
+
+def prefill_features(
+    target: Target, prompts: list[list[int]], extra: int, capture_layers: tuple[int, ...]
+) -> tuple[KVCache, torch.Tensor, list[torch.Tensor]]:
+    """`prefill`, plus each row's hidden states after `capture_layers`, concatenated in that order and
+    without padding: features[i] is [len(prompts[i]), A*H] (what feature heads such as EAGLE-3 read)."""
     device, batch = target.device, len(prompts)
     width = max(len(p) for p in prompts)
     input_ids = torch.full((batch, width), target.pad_token_id, dtype=torch.long)
@@ -123,8 +132,12 @@ def prefill(target: Target, prompts: list[list[int]], extra: int) -> tuple[KVCac
     input_ids, valid = input_ids.to(device), valid.to(device)
     positions = (valid.cumsum(dim=1) - 1).clamp(min=0)  # [B, T]
     cache = target.new_cache(batch, width + extra)
-    out = target.forward(input_ids, cache, positions, token_valid=valid)
-    return cache, target.logits(out.hidden[:, -1])  # [B, V]
+    out = target.forward(input_ids, cache, positions, token_valid=valid, capture_layers=capture_layers)
+    features = []
+    if capture_layers:
+        fused = torch.cat([out.aux[i] for i in capture_layers], dim=-1)  # [B, T, A*H]
+        features = [fused[i, width - len(ids) :] for i, ids in enumerate(prompts)]
+    return cache, target.logits(out.hidden[:, -1]), features  # [B, V]
 
 
 def token_budgets(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[int]:

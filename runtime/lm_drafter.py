@@ -70,19 +70,33 @@ class LMDrafter(Drafter):
         self.name = f"self:layers={num_layers}" if num_layers else f"model:{model.name}"
         self.vocab_size = model.vocab_size  # set to the target's by load_draft_model
 
-    def start(self, prompts, params: SamplingParams, generators) -> None:
-        super().start(prompts, params, generators)
-        capacity = max(len(p) for p in prompts) + 4 * (self.tree.size + 1)
-        self.cache = self.model.new_cache(len(prompts), capacity, self.num_layers)
+    def start(self, prompts, params: SamplingParams, generators, features=None) -> None:
+        super().start(prompts, params, generators, features)
+        self.cache = self.model.new_cache(len(prompts), self.capacity(prompts), self.num_layers)
         self.cached = [0] * len(prompts)  # committed tokens of each row already in the cache
-        is_chain = isinstance(self.tree, Tree) and all(
-            len(self.tree.children(i)) <= 1 for i in range(self.tree.size)
-        )
+        self.sample = self.samples_children(params)
+
+    def capacity(self, prompts) -> int:
+        return max(len(p) for p in prompts) + 4 * (self.tree.size + 1)  # the cache grows when needed
+
+    def samples_children(self, params: SamplingParams) -> bool:
+        """Sample children from q (chains at temperature > 0, or children="sample" on static trees), or
+        take the top-ranked tokens deterministically (greedy, branching static trees, dynamic trees)."""
+        tree = self.tree
+        is_chain = isinstance(tree, Tree) and all(len(tree.children(i)) <= 1 for i in range(tree.size))
         wants_sample = self.children == "sample" or (self.children == "auto" and is_chain)
-        self.sample = wants_sample and isinstance(self.tree, Tree) and not params.greedy
+        return wants_sample and isinstance(tree, Tree) and not params.greedy
 
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]]) -> list[Draft]:
+        root_logits, root_pos = self._forward_pending(contexts)
+        rows = [_Candidates([-1], [ctx[-1]], [0.0], [None]) for ctx in contexts]
+        if isinstance(self.tree, DynamicTree):
+            return self._grow_dynamic(rows, root_logits, root_pos)
+        return self._grow_static(rows, root_logits, root_pos)
+
+    def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        """Forward the committed tokens not in the cache yet -> root logits [B, V], root positions."""
         pending = [ctx[seen:] for ctx, seen in zip(contexts, self.cached, strict=True)]
         self.start_slot, self.pending_counts = self.cache.length, [len(p) for p in pending]
         width = max(self.pending_counts)
@@ -104,17 +118,13 @@ class LMDrafter(Drafter):
         last = torch.tensor(self.pending_counts, device=device) - 1
         root_logits = self._logits(out.hidden[torch.arange(len(pending), device=device), last])  # [B, V]
         root_pos = [seen + n - 1 for seen, n in zip(self.cached, self.pending_counts, strict=True)]
-        rows = [_Candidates([-1], [ctx[-1]], [0.0], [None]) for ctx in contexts]
-        if isinstance(self.tree, DynamicTree):
-            return self._grow_dynamic(rows, root_logits, root_pos)
-        return self._grow_static(rows, root_logits, root_pos)
+        return root_logits, root_pos
 
     def _grow_static(self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]) -> list[Draft]:
         tree = self.tree
         kids = [tree.children(i) for i in range(tree.size)]
-        levels = [
-            [0]
-        ]  # nodes in the order their candidates are created: level by level, children in rank order
+        # Nodes in the order their candidates are created: level by level, children in rank order.
+        levels = [[0]]
         while nxt := [c for n in levels[-1] for c in kids[n]]:
             levels.append(nxt)
         order = {node: i for i, node in enumerate(n for level in levels for n in level)}  # node -> candidate
@@ -180,15 +190,11 @@ class LMDrafter(Drafter):
             row.add(node, t, base + v) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)
         ]
 
-    def _forward_level(
-        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, root_pos: list[int]
-    ):
-        """Forward this depth's frontier (the same count in every row) -> logits [B, F, V]."""
+    def _level_mask(self, rows: list[_Candidates], frontier: list[list[int]]) -> torch.Tensor:
+        """[B, F, W] over this cycle's slots (pending tokens, then nodes forwarded so far, then the new
+        frontier): a node sees the committed context, its forwarded ancestors and itself."""
         batch, width, done = len(rows), max(self.pending_counts), len(rows[0].column)
         count = len(frontier[0])
-        ids = torch.tensor(
-            [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
-        )
         mask = torch.zeros(batch, count, width + done + count, dtype=torch.bool)  # [B, F, W]
         mask[:, :, :width] = True  # the committed context (padding is removed by the cache's valid mask)
         for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True)):
@@ -197,7 +203,19 @@ class LMDrafter(Drafter):
             for j, node in enumerate(nodes):
                 for anc in row.ancestors(node):
                     mask[b, j, width + row.column[anc]] = True
-        positions = torch.tensor(root_pos)[:, None] + depth + torch.zeros(count, dtype=torch.long)  # [B, F]
+        return mask
+
+    def _forward_level(
+        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, root_pos: list[int]
+    ):
+        """Forward this depth's frontier (the same count in every row) -> logits [B, F, V]."""
+        ids = torch.tensor(
+            [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
+        )
+        mask = self._level_mask(rows, frontier)
+        positions = (
+            torch.tensor(root_pos)[:, None] + depth + torch.zeros(ids.shape[1], dtype=torch.long)
+        )  # [B, F]
         device = self.model.device
         out = self.model.forward(
             ids.to(device),
@@ -220,7 +238,7 @@ class LMDrafter(Drafter):
             return torch.cat([logits, pad], dim=-1)
         return logits
 
-    def commit(self, accepted: list[list[int]]) -> None:
+    def commit(self, accepted: list[list[int]], features=None) -> None:
         width = max(self.pending_counts)
         keep_rows = []
         for b, nodes in enumerate(accepted):

@@ -33,7 +33,7 @@ from draftsmith.runtime.acceptance import (
     generator_draw,
 )
 from draftsmith.runtime.drafting import Draft, Drafter
-from draftsmith.runtime.engine import GenerationResult, batches, prefill, stop_reason, token_budgets
+from draftsmith.runtime.engine import GenerationResult, batches, prefill_features, stop_reason, token_budgets
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs, make_generators, next_tokens
 from draftsmith.runtime.target import Target
@@ -77,13 +77,14 @@ def speculate_batch(
 ) -> list[GenerationResult]:
     start_time = time.perf_counter()
     budget = token_budgets(target, prompts, max_new_tokens)
-    cache, logits = prefill(target, prompts, max(budget) + 64)
+    layers = drafter.capture_layers
+    cache, logits, features = prefill_features(target, prompts, max(budget) + 64, layers)
     eos = set(target.eos_token_ids)
     results = [GenerationResult(p, [], "", 1, 0.0) for p in prompts]
     first = next_tokens(logits, params, generators).tolist()  # [B], plain decoding's first step
     for res, tok, row_budget in zip(results, first, budget, strict=True):
         emit(res, [tok], row_budget, max_new_tokens, eos)
-    drafter.start(prompts, params, draft_generators)
+    drafter.start(prompts, params, draft_generators, features)
     active = list(range(len(prompts)))  # batch row -> result index
     while True:
         running = [i for i, r in enumerate(active) if not results[r].finish_reason]
@@ -98,8 +99,8 @@ def speculate_batch(
         contexts = [results[r].prompt_token_ids + results[r].token_ids for r in active]
         before = drafter.forwards
         drafts = drafter.propose(contexts)
-        verdicts = verify(target, cache, drafts, contexts, params, generators)
-        drafter.commit([v.accepted for v in verdicts])
+        verdicts, features = verify(target, cache, drafts, contexts, params, generators, layers)
+        drafter.commit([v.accepted for v in verdicts], features)
         for r, draft, verdict in zip(active, drafts, verdicts, strict=True):
             res = results[r]
             res.target_forwards += 1
@@ -130,27 +131,38 @@ def verify(
     contexts: list[list[int]],
     params: SamplingParams,
     generators: list[torch.Generator] | None,
-) -> list[Verdict]:
-    """One target forward over every row's tree, the acceptance rule per row, then cache compaction."""
+    capture_layers: tuple[int, ...] = (),
+) -> tuple[list[Verdict], list[torch.Tensor]]:
+    """One target forward over every row's tree, the acceptance rule per row, then cache compaction.
+    Also returns, per row, the target's features (hidden states after `capture_layers`, concatenated)
+    at the root and the accepted nodes [1 + accepted, A*H] (empty list without capture layers)."""
     start = cache.length
-    logits = tree_logits(target, cache, drafts, contexts)  # [B, N, V]
+    logits, fused = tree_logits(target, cache, drafts, contexts, capture_layers)  # [B, N, V], [B, N, A*H]
     verdicts = [accept(d, logits[b, : d.tree.size], params, generators, b) for b, d in enumerate(drafts)]
     keep_len = max(len(v.accepted) for v in verdicts) + 1
     keep = torch.full((len(drafts), keep_len), start, dtype=torch.long)
     keep_valid = torch.zeros(len(drafts), keep_len, dtype=torch.bool)
+    features = []
     for b, v in enumerate(verdicts):
         path = [0, *v.accepted]  # the root and the accepted nodes; the next token is not computed yet
         keep[b, : len(path)] = start + torch.tensor(path)
         keep_valid[b, : len(path)] = True
+        if fused is not None:
+            features.append(fused[b, path])
     cache.compact(start, keep.to(target.device), keep_valid.to(target.device))
-    return verdicts
+    return verdicts, features
 
 
 def tree_logits(
-    target: Target, cache: KVCache, drafts: list[Draft], contexts: list[list[int]]
-) -> torch.Tensor:
+    target: Target,
+    cache: KVCache,
+    drafts: list[Draft],
+    contexts: list[list[int]],
+    capture_layers: tuple[int, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Write every row's tree into the cache in one forward -> the target's logits after each node
-    [B, N, V] (float32). Trees are padded to the largest; padding nodes see only themselves."""
+    [B, N, V] (float32) and, with capture layers, its features [B, N, A*H]. Trees are padded to the
+    largest; padding nodes see only themselves."""
     batch, nodes = len(drafts), max(d.tree.size for d in drafts)
     ids = torch.full((batch, nodes), target.pad_token_id, dtype=torch.long)
     valid = torch.zeros(batch, nodes, dtype=torch.bool)
@@ -168,9 +180,15 @@ def tree_logits(
     device = target.device
     tree_mask = None if nodes == 1 else mask.to(device)
     out = target.forward(
-        ids.to(device), cache, positions.to(device), token_valid=valid.to(device), tree_mask=tree_mask
+        ids.to(device),
+        cache,
+        positions.to(device),
+        token_valid=valid.to(device),
+        tree_mask=tree_mask,
+        capture_layers=capture_layers,
     )
-    return target.logits(out.hidden)
+    fused = torch.cat([out.aux[i] for i in capture_layers], dim=-1) if capture_layers else None
+    return target.logits(out.hidden), fused
 
 
 def accept(

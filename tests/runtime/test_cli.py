@@ -118,7 +118,7 @@ def test_generate_speculative_json_equals_plain(tiny_dir, capsys):
         (["--draft", "nope"], "--draft"),
         (["--draft", "self:layers=0"], "--draft"),
         (["--draft", "self:layers=3"], "--draft"),  # the tiny target has 3 layers: N in 1..2
-        (["--draft", "eagle3:/nowhere"], "--draft"),
+        (["--draft", "eagle3:/nowhere"], "eagle3 head"),
         (["--tree", "pyramid:3"], "--tree"),
         (["--tree", "chain:0"], "--tree"),
         (["--tree", "static:[-1, 0, 5]"], "tree parents[2]"),

@@ -115,8 +115,8 @@ class ScriptedDrafter(Drafter):
         super().__init__()
         self.tree, self.path, self.j, self.truth, self.vocab = tree, path_to(tree, leaf), j, truth, vocab
 
-    def start(self, prompts, params, generators):
-        super().start(prompts, params, generators)
+    def start(self, prompts, params, generators, features=None):
+        super().start(prompts, params, generators, features)
         self.prompts = list(prompts)
 
     def retain(self, rows):
@@ -167,7 +167,7 @@ def test_forced_partial_acceptance_leaves_exact_kv(target, tree):
                 else (truth[tree.depths[n]] + 1) % target.vocab_size
                 for n in range(1, tree.size)
             ]
-            (verdict,) = verify(target, cache, [Draft(tree, tokens)], [context], GREEDY, None)
+            (verdict,), _ = verify(target, cache, [Draft(tree, tokens)], [context], GREEDY, None)
             assert verdict.accepted == path[1 : j + 1]
             assert verdict.next_token == truth[j + 1]
             committed = len(prompt) + 1 + j  # prompt, root, accepted nodes; the bonus is not in yet
@@ -226,7 +226,7 @@ def test_tree_attention_equals_causal_forward_per_path(target, seed):
         tree = random_tree(int(torch.randint(2, 12, (1,), generator=rng)), rng)
         drafts.append(Draft(tree, torch.randint(6, 106, (tree.size,), generator=rng).tolist()))
     contexts = [p + [d.tokens[0]] for p, d in zip(prompts, drafts)]
-    logits = tree_logits(target, cache, drafts, contexts)  # [B, N, V]
+    logits, _ = tree_logits(target, cache, drafts, contexts)  # [B, N, V]
     for b, (prompt, draft) in enumerate(zip(prompts, drafts)):
         for node in range(draft.tree.size):
             seq = prompt + [draft.tokens[i] for i in path_to(draft.tree, node)]

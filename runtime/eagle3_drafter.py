@@ -1,0 +1,110 @@
+"""`--draft eagle3:DIR`: drafting with an EAGLE-3 head on the target's own features.
+
+    drafter = Eagle3Drafter(load_head("runs/eagle3/final", target), target, parse_tree_spec("chain:3"))
+
+The head reads pairs (token t+1, target feature at t). The engine hands the drafter the target's fused
+aux hidden states of the prompt (prefill) and, after each verification, of the root and the accepted
+nodes (the same forward; no second target pass). Each cycle the drafter:
+  1. forwards the pairs it has not consumed yet: fc(target features) with the embeddings of the tokens
+     that follow them; the output at the last pair predicts the root's children;
+  2. grows the tree like every LM drafter (`LMDrafter`: chains, static and dynamic trees, top-k or
+     sampled children), except that a node's feature is its parent's output (the head runs on its own
+     features past the committed prefix, as in training-time test);
+  3. on commit, drops every tree slot from its cache: the accepted tokens come back next cycle paired
+     with the target's real features, which is what the head was trained on.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.runtime.drafting import Drafter
+from draftsmith.runtime.eagle3 import Eagle3Head
+from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates
+from draftsmith.runtime.target import Target
+from draftsmith.runtime.tree import TreeSpec
+
+
+class Eagle3Drafter(LMDrafter):
+    def __init__(self, head: Eagle3Head, target: Target, tree: TreeSpec, children: str = "auto"):
+        super().__init__(target, tree, children=children)
+        self.head = head
+        self.name = "eagle3"
+        self.capture_layers = tuple(head.config.aux_layer_ids)
+
+    def start(self, prompts, params, generators, features=None) -> None:
+        Drafter.start(self, prompts, params, generators, features)
+        if features is None or len(features) != len(prompts):
+            raise ValueError("the EAGLE-3 drafter needs the target's prompt features (capture_layers)")
+        self.sample = self.samples_children(params)
+        self.cache = self.head.new_cache(len(prompts), self.capacity(prompts))
+        self.cached = [0] * len(prompts)  # (token, feature) pairs of each row already in the cache
+        self.features = list(features)  # per row [n, A*H]: target features not consumed yet
+
+    def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        counts = [f.shape[0] for f in self.features]
+        self.start_slot, self.pending_counts = self.cache.length, counts
+        batch, width = len(contexts), max(counts)
+        device = self.model.device
+        ids = torch.zeros(batch, width, dtype=torch.long)
+        feats = torch.zeros(batch, width, self.features[0].shape[-1], dtype=self.model.dtype, device=device)
+        valid = torch.zeros(batch, width, dtype=torch.bool)
+        for b, (ctx, seen, n) in enumerate(zip(contexts, self.cached, counts, strict=True)):
+            # Pair t = (token t+1, feature t); the last pair's token is the root.
+            ids[b, :n] = torch.tensor(ctx[seen + 1 : seen + 1 + n])
+            feats[b, :n] = self.features[b]
+            valid[b, :n] = True
+        positions = torch.tensor(self.cached)[:, None] + torch.arange(width)  # [B, Wp]
+        with torch.inference_mode():
+            embeds = self.model.embed(ids.to(device))
+            h = self.head(embeds, self.head.fc(feats), positions.to(device), self.cache, valid.to(device))
+        self.forwards += 1
+        last = torch.tensor(counts, device=device) - 1
+        self.root_hidden = h[torch.arange(batch, device=device), last]  # [B, H]
+        self.hidden = [{} for _ in contexts]  # per row: candidate -> head output (a child's feature)
+        root_pos = [seen + n - 1 for seen, n in zip(self.cached, counts, strict=True)]
+        return self.head.target_logits(self.root_hidden), root_pos
+
+    @torch.inference_mode()
+    def _forward_level(
+        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, root_pos: list[int]
+    ):
+        device = self.model.device
+        ids = torch.tensor(
+            [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
+        )
+        parent_out = [
+            torch.stack(
+                [
+                    self.root_hidden[b] if row.parents[n] == 0 else self.hidden[b][row.parents[n]]
+                    for n in nodes
+                ]
+            )
+            for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True))
+        ]
+        mask = self._level_mask(rows, frontier)
+        positions = torch.tensor(root_pos)[:, None] + depth + torch.zeros(ids.shape[1], dtype=torch.long)
+        h = self.head(
+            self.model.embed(ids.to(device)),
+            torch.stack(parent_out),  # [B, F, H]
+            positions.to(device),
+            self.cache,
+            tree_mask=mask.to(device),
+        )
+        self.forwards += 1
+        for b, nodes in enumerate(frontier):
+            for j, node in enumerate(nodes):
+                self.hidden[b][node] = h[b, j]
+        return self.head.target_logits(h)
+
+    def commit(self, accepted: list[list[int]], features=None) -> None:
+        # Keep the pairs forwarded from real target features; the tree's slots used draft features.
+        self.cache.crop(self.start_slot + max(self.pending_counts))
+        self.cached = [seen + n for seen, n in zip(self.cached, self.pending_counts, strict=True)]
+        self.features = list(features)
+
+    def retain(self, rows: list[int]) -> None:
+        Drafter.retain(self, rows)
+        self.cache.retain(torch.tensor(rows, device=self.model.device))
+        self.cached = [self.cached[r] for r in rows]
+        self.features = [self.features[r] for r in rows]
