@@ -1,4 +1,6 @@
 """draftsmith.train: heads' training objectives, the Accelerate loop, checkpoints, export and Hub push.
 
-Empty until the EAGLE-3 training issue lands; `draftsmith train` is not offered before then.
+Modules so far: `eagle3_objective` (EAGLE-3 training-time test: the K-step unroll with the drafter's tree
+mask, soft cross-entropy on the draft vocabulary, per-step accuracy and simulated tau). The trainer loop,
+checkpoints, resume and export arrive with the EAGLE-3, MTP and export issues.
 """
