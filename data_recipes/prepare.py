@@ -50,6 +50,7 @@ from draftsmith.data_recipes.common import (
 )
 from draftsmith.data_recipes.sources import Conversation, iter_conversations, source_hash, validate_source
 from draftsmith.data_recipes.templating import render_and_mask
+from draftsmith.runtime.artifacts import pid_alive
 from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
@@ -209,22 +210,12 @@ def _is_ours(folder: Path) -> bool:
     return sorted(splits or []) == sorted(SPLITS) and '"loss_mask"' in info
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale(out: Path) -> None:
     """Temporary folders of killed runs: this process's own, or those of processes that are gone."""
     for kind in ("tmp", "old"):
         for tmp in out.parent.glob(f".{out.name}.{kind}-*"):
             pid = tmp.name.rsplit("-", 1)[-1]
-            if not pid.isdigit() or int(pid) == os.getpid() or not _pid_alive(int(pid)):
+            if not pid.isdigit() or int(pid) == os.getpid() or not pid_alive(int(pid)):
                 shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -93,3 +93,14 @@ def validate_draft_vocab(
         raise BadInputError(
             "d2t/t2d", "nonzero(t2d) != d2t + arange", "the same ids, ascending (d2t sorted by target id)"
         )
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists (temporary folders named after a dead process are stale)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

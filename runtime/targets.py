@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.runtime.artifacts import pid_alive
 from draftsmith.runtime.config import atomic_write_text
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
@@ -186,18 +187,8 @@ def _remove_stale_tmp(final: Path) -> None:
     """Delete temporary folders left by conversions whose process is gone."""
     for tmp in final.parent.glob(f"{final.name}.tmp-*"):
         pid = tmp.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or not _pid_alive(int(pid)):
+        if not pid.isdigit() or not pid_alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _convert(gguf: Path, out: Path) -> None:
