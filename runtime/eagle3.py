@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftsmith.runtime.artifacts import atomic_save_file, tokenizer_hash, validate_draft_vocab
+from draftsmith.runtime.aux_layers import default_aux_layers
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.masks import attention_mask
@@ -62,7 +63,7 @@ class Eagle3Config:
     def for_target(cls, target, aux_layer_ids=None, draft_vocab_size: int | None = None) -> Eagle3Config:
         cfg = target.config.to_dict()
         layers = target.num_layers
-        aux = list(aux_layer_ids) if aux_layer_ids is not None else [1, layers // 2 - 1, layers - 4]
+        aux = list(aux_layer_ids) if aux_layer_ids is not None else list(default_aux_layers(layers))
         layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
         layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
         config = cls(

@@ -1,0 +1,82 @@
+"""Aux-layer ids: the one place that states which target hidden states feature heads read, and how
+engines number them (mission_anchors.md part c).
+
+draftsmith ids are 0-based decoder-layer outputs: id i is the residual stream after decoder layer i,
+transformers' `hidden_states[i + 1]`. SGLang, SpecForge and ModelOpt configs mean the same; vLLM,
+speculators and the official EAGLE code count "the input to layer X" and write i + 1 for the same tensor
+(`engine_layer_ids`). Default: (1, L//2 - 1, L - 4), the layers every anchor taps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from draftsmith.runtime.errors import BadInputError
+
+log = logging.getLogger(__name__)
+
+AUX_LAYER_CONVENTION = (
+    "0-based decoder-layer outputs: id i is the residual stream after decoder layer i (transformers "
+    "hidden_states[i+1]). SGLang, SpecForge and ModelOpt config ids mean the same ('output of layer i'); "
+    "vLLM, speculators and EAGLE official ids mean 'input to layer X' and name the same tensor i+1 "
+    "(mission_anchors.md part c)."
+)
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's taps as 0-based layer outputs: after layers 1, L//2-1 and L-4."""
+    return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def parse_aux_layers(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """`auto`/None -> None (the default); "1,14,26" or a sequence -> ints. Syntax only, no range check."""
+    if text is None or (isinstance(text, str) and text.strip().lower() == "auto"):
+        return None
+    if isinstance(text, str):
+        try:
+            return tuple(int(part) for part in text.split(","))
+        except ValueError:
+            raise BadInputError(
+                "--aux-layers", text, "auto or comma-separated integers, e.g. 1,14,26"
+            ) from None
+    return tuple(int(i) for i in text)
+
+
+def resolve_aux_layers(aux_layers, num_layers: int) -> tuple[int, ...]:
+    """Validated layer ids: non-empty, in [0, L), strictly increasing. Not 3 of them: a warning.
+
+    EAGLE-3 heads take exactly 3 (their fc input is 3*H); other heads may want other counts, so any
+    non-empty list is accepted and recorded (reliability.md C12: wrong ids are an error, never a default)."""
+    layers = parse_aux_layers(aux_layers)
+    if layers is None:
+        layers = default_aux_layers(num_layers)
+        if not _valid_layers(layers, num_layers):
+            raise BadInputError(
+                "--aux-layers",
+                "auto",
+                f"explicit layer ids: the default (1, L//2-1, L-4) = {layers} is not valid for a "
+                f"{num_layers}-layer target (it needs at least 7 layers)",
+            )
+        return layers
+    if not layers:
+        raise BadInputError("--aux-layers", "an empty list", "at least one layer id")
+    if not all(0 <= i < num_layers for i in layers):
+        raise BadInputError("--aux-layers", list(layers), f"0-based layer ids in [0, {num_layers})")
+    if list(layers) != sorted(set(layers)):
+        raise BadInputError("--aux-layers", list(layers), "distinct layer ids in increasing order")
+    if len(layers) != 3:
+        log.warning("capture: %d aux layers %s; EAGLE-3 heads take exactly 3", len(layers), list(layers))
+    return layers
+
+
+def _valid_layers(layers: tuple[int, ...], num_layers: int) -> bool:
+    return all(0 <= i < num_layers for i in layers) and list(layers) == sorted(set(layers))
+
+
+def engine_layer_ids(aux_layers: Sequence[int]) -> dict:
+    """The same tensors named in both engine conventions (for export)."""
+    return {
+        "output_of_layer (SGLang, SpecForge, ModelOpt)": list(aux_layers),
+        "input_to_layer (vLLM, speculators, EAGLE official)": [i + 1 for i in aux_layers],
+    }
