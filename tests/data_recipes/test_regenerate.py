@@ -143,3 +143,25 @@ def test_cli_regenerate(tiny_dir, prepared, tmp_path, capsys):
     assert read_record(tmp_path / "regen")["step"] == "regenerate"
     assert main([*argv, "--out", str(tmp_path / "bad"), "--batch-size", "0"]) == 2
     assert "--batch-size" in capsys.readouterr().err
+
+
+def test_prompt_lists_get_answers(tiny_target, tmp_path):
+    """prompts:FILE rows carry an empty assistant placeholder; regenerate fills it and supervises it."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w1 w2\nw3 w4 w5\nw6\n")
+    prepare(
+        tiny_target,
+        f"prompts:{prompts}",
+        tmp_path / "p",
+        max_length=128,
+        validation_fraction=0.0,
+        progress=False,
+    )
+    regen.regenerate(tiny_target, tmp_path / "p", tmp_path / "r", SamplingParams(), 5, progress=False)
+    after = datasets.load_from_disk(str(tmp_path / "r"))
+    rows = [row for split in after for row in after[split]]
+    assert len(rows) == 3
+    for row in rows:
+        messages = json.loads(row["messages"])
+        assert messages[-1]["role"] == "assistant" and messages[-1]["content"]
+        assert row["num_supervised"] > 0
