@@ -56,6 +56,10 @@ class CaptureFolder:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def row_ids(self) -> list[str]:
+        """The id of every stored row, in order (rows without supervised tokens were never stored)."""
+        return [row[4] for row in self._rows]
+
     def split_of(self, row_index: int) -> str:
         for name, (lo, hi) in self._splits.items():
             if lo <= row_index < hi:

@@ -170,6 +170,37 @@ def run_demo(args: argparse.Namespace) -> None:
     demo_main(args.config, args.overrides, quick=args.quick)
 
 
+def add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a draft head from a YAML config (data steps included, resumable)",
+        formatter_class=Formatter,
+        description=(
+            "Train an EAGLE-3 head for a target. The config names the target, the data recipe, the head and\n"
+            "the loop; the data steps it needs (prepare, vocab, capture in offline mode) run first or are\n"
+            "reused from ~/.cache/draftsmith/data. A run writes OUT/metrics.jsonl, OUT/config.yaml,\n"
+            "OUT/checkpoints/step-N/ (atomic, rotated; a rerun resumes from the newest), OUT/final/ (the\n"
+            "head: --draft eagle3:OUT/final) and OUT/training_curve.png (OUT = output_dir).\n"
+            "Several processes (configs: ddp-cpu, ddp-gpu, fsdp-gpu, deepspeed-zero2, deepspeed-zero3):\n"
+            "  accelerate launch --config_file configs/accelerate/X.yaml -m draftsmith.train --config ...\n\n"
+            "examples:\n"
+            "  draftsmith train --config configs/eagle3-smollm2-135m.yaml\n"
+            "  draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 \\\n"
+            "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb"
+        ),
+    )
+    p.add_argument("--config", required=True, help="YAML train config, e.g. configs/eagle3-smollm2-135m.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
+    p.set_defaults(run=run_train)
+
+
+def run_train(args: argparse.Namespace) -> None:
+    from draftsmith.train.config import load_train_config
+    from draftsmith.train.trainer import train
+
+    train(load_train_config(args.config, args.overrides))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="draftsmith",
@@ -180,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     add_generate(sub)
     add_data(sub)
+    add_train(sub)
     add_demo(sub)
     return parser
 

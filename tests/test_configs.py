@@ -6,10 +6,11 @@ import pytest
 
 from draftsmith.runtime.config import load_config
 from draftsmith.runtime.demo import DemoConfig
+from draftsmith.train.config import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # File-name prefix -> schema. A new kind of config must be registered here, so none goes untested.
-SCHEMAS = {"demo-": DemoConfig}
+SCHEMAS = {"demo-": DemoConfig, "eagle3-": TrainConfig}
 
 
 def schema_for(path: Path):

@@ -1,7 +1,11 @@
-"""draftsmith.train: heads' training objectives, the Accelerate loop, checkpoints, export and Hub push.
+"""draftsmith.train: heads' training objectives, the Accelerate loop, checkpoints (export arrives later).
 
-Modules so far: `eagle3_objective` (EAGLE-3 training-time test: the K-step unroll with the drafter's tree
-mask, soft cross-entropy on the draft vocabulary, per-step accuracy and simulated tau), `eagle3_data`
-(online and offline batches: the frozen target inside the step, or `data capture` shards). The trainer loop,
-checkpoints, resume and export arrive with the EAGLE-3, MTP and export issues.
+    draftsmith train --config configs/eagle3-smollm2-135m.yaml [key=value ...]
+    accelerate launch --config_file configs/accelerate/ddp-cpu.yaml -m draftsmith.train --config ...
+
+Modules: `config` (the TrainConfig schema), `data_steps` (prepare / vocab / capture run or reused before
+training; the sample order), `eagle3_objective` (the training-time test: K-step unroll with the drafter's
+tree mask, soft cross-entropy on the draft vocabulary, per-step accuracy, simulated tau), `eagle3_data`
+(online and offline batches), `trainer` (the loop: Accelerate, DDP / DeepSpeed, numerics guard),
+`checkpoints` (atomic, rotated, exact resume), `metrics` (metrics.jsonl, trackers, the PNG curve).
 """

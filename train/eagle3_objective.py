@@ -108,11 +108,15 @@ def ttt_loss(head: Eagle3Head, embed, batch: TTTBatch, steps: int = 7, decay: fl
     ids, length = batch.input_ids, batch.input_ids.shape[1]
     valid = torch.ones_like(ids, dtype=torch.bool) if batch.valid is None else batch.valid
     losses, accs, counts = [], [], []
+    all_probs, all_in_vocab = draft_targets(
+        head, batch.target_logits
+    )  # [B, T, Vd], [B, T]: once, shifted below
     for k, h in enumerate(unroll(head, embed, ids, batch.features, steps)):
         logits = head.draft_logits(h)  # [B, T, Vd]
-        target_at = torch.zeros_like(batch.target_logits)  # the target's logits at t+k+1 (over token t+k+2)
-        target_at[:, : max(length - k - 1, 0)] = batch.target_logits[:, k + 1 :]
-        probs, in_vocab = draft_targets(head, target_at)
+        # the target's distribution at t+k+1 (over token t+k+2); rows past the end are never counted
+        probs, in_vocab = torch.zeros_like(all_probs), torch.zeros_like(all_in_vocab)
+        probs[:, : max(length - k - 1, 0)] = all_probs[:, k + 1 :]
+        in_vocab[:, : max(length - k - 1, 0)] = all_in_vocab[:, k + 1 :]
         counted = torch.zeros_like(valid)
         counted[:, : max(length - k - 2, 0)] = (batch.loss_mask[:, k + 2 :] > 0) & valid[:, k + 2 :]
         counted &= in_vocab

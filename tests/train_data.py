@@ -1,0 +1,20 @@
+"""Training data for tests: conversations in the tiny target's vocabulary (tests/tiny_models.py)."""
+
+import json
+import random
+from pathlib import Path
+
+
+def write_conversations(path: Path, n: int = 40, seed: int = 0) -> Path:
+    """n two-turn conversations; answers count upwards (w5 w6 w7 ...), so a head has something to learn."""
+    rng = random.Random(seed)
+    with Path(path).open("w") as f:
+        for _ in range(n):
+            msgs = []
+            for _ in range(2):
+                ask = " ".join(f"w{rng.randrange(100)}" for _ in range(rng.randint(3, 8)))
+                start = rng.randrange(100)
+                answer = " ".join(f"w{(start + j) % 100}" for j in range(rng.randint(6, 16)))
+                msgs += [{"role": "user", "content": ask}, {"role": "assistant", "content": answer}]
+            f.write(json.dumps({"messages": msgs}) + "\n")
+    return Path(path)

@@ -1,0 +1,135 @@
+"""The training config: dataclasses are the schema, YAML files under configs/ are instances.
+
+    cfg = load_train_config("configs/eagle3-smollm2-135m.yaml", ["train.max_steps=20", "output_dir=runs/x"])
+
+Loading is strict (unknown keys and wrong types are errors naming the dotted key) and `validate` checks
+every value a run depends on before anything heavy starts. ARCHITECTURE.md section 4 fixes three override
+keys every train config accepts: `output_dir`, `train.max_steps`, `data.max_samples`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from draftsmith.runtime.config import load_config
+from draftsmith.runtime.errors import BadInputError
+
+
+@dataclass
+class HeadConfig:
+    type: Literal["eagle3"] = "eagle3"
+    draft_vocab_size: int = 8192  # rows of the draft LM head (the most frequent supervised tokens)
+    aux_layers: str = "auto"  # auto = (1, L/2-1, L-4), or comma-separated 0-based layer ids
+    init_from_target: bool = True  # start lm_head (draft rows) and norm from the target's
+
+
+@dataclass
+class DataConfig:
+    source: str = "sharegpt"  # `draftsmith data prepare --source` values
+    max_samples: int | None = 2000  # conversations read (None = all)
+    max_length: int = 1024  # tokens per row (longer rows are clipped)
+    validation_fraction: float = 0.02
+    seed: int = 0  # the prepare step's split seed
+    mode: Literal["online", "offline"] = "online"  # target in the step, or `data capture` shards
+    storage_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # offline capture storage
+    dir: str | None = None  # where data steps write; None = ~/.cache/draftsmith/data/<inputs hash>
+
+
+@dataclass
+class LoopConfig:
+    max_steps: int = 1000  # optimizer steps
+    batch_size: int = 4  # rows per micro-batch per process
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 3e-4
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
+    weight_decay: float = 0.0
+    betas: tuple[float, ...] = (0.9, 0.95)
+    max_grad_norm: float = 0.5
+    ttt_steps: int = 7  # training-time-test unroll depth K
+    step_decay: float = 0.8  # loss weight decay**k of step k
+    seed: int = 0  # head init and data order
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    allow_world_size_change: bool = False  # resume a checkpoint written by another number of processes
+    allow_data_change: bool = False  # resume a checkpoint written for other data
+
+
+@dataclass
+class EvalConfig:
+    every: int = 100  # steps between evaluations (0 = only at the end)
+    max_rows: int = 64  # validation rows per evaluation
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 100  # steps between checkpoints (0 = only at the end)
+    keep: int = 2  # newest checkpoints kept (older ones are deleted)
+    resume: Literal["auto", "never"] = "auto"  # auto: continue from the newest checkpoint in output_dir
+
+
+@dataclass
+class LogConfig:
+    every: int = 10  # steps between metrics.jsonl / tracker rows
+    tracker: Literal["none", "wandb", "tensorboard"] = "none"  # wandb runs offline without an API key
+    project: str = "draftsmith"
+    progress: bool = True  # the tqdm bar
+
+
+@dataclass
+class TrainConfig:
+    target: str = "smollm2-135m"  # alias, folder, Hub id or .gguf
+    output_dir: str = "runs/eagle3"
+    device: str = "auto"
+    dtype: str = "auto"  # the target's compute dtype
+    head: HeadConfig = field(default_factory=HeadConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def validate(self) -> TrainConfig:
+        t = self.train
+        positive = {
+            "train.max_steps": t.max_steps,
+            "train.batch_size": t.batch_size,
+            "train.grad_accum": t.grad_accum,
+            "train.ttt_steps": t.ttt_steps,
+            "head.draft_vocab_size": self.head.draft_vocab_size,
+            "data.max_length": self.data.max_length,
+            "log.every": self.log.every,
+            "checkpoint.keep": self.checkpoint.keep,
+            "eval.max_rows": self.eval.max_rows,
+        }
+        if self.data.max_samples is not None:
+            positive["data.max_samples"] = self.data.max_samples
+        for key, value in positive.items():
+            if value < 1:
+                raise BadInputError(key, value, "an integer >= 1")
+        for key, value in {"eval.every": self.eval.every, "checkpoint.every": self.checkpoint.every}.items():
+            if value < 0:
+                raise BadInputError(key, value, "an integer >= 0 (0 = only at the end)")
+        if not (0 < t.lr < 1):
+            raise BadInputError("train.lr", t.lr, "a learning rate in (0, 1)")
+        if t.warmup_steps < 0:  # longer than max_steps is allowed: smoke runs shrink max_steps only
+            raise BadInputError("train.warmup_steps", t.warmup_steps, "an integer >= 0")
+        if not 0 <= t.min_lr_ratio <= 1:
+            raise BadInputError("train.min_lr_ratio", t.min_lr_ratio, "a number in [0, 1]")
+        if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+            raise BadInputError("train.betas", list(t.betas), "two numbers in [0, 1)")
+        if not t.max_grad_norm > 0:
+            raise BadInputError("train.max_grad_norm", t.max_grad_norm, "a number > 0")
+        if not 0 < t.step_decay <= 1:
+            raise BadInputError("train.step_decay", t.step_decay, "a number in (0, 1]")
+        if t.weight_decay < 0:
+            raise BadInputError("train.weight_decay", t.weight_decay, "a number >= 0")
+        if not 0 <= self.data.validation_fraction < 1:
+            raise BadInputError(
+                "data.validation_fraction", self.data.validation_fraction, "a number in [0, 1)"
+            )
+        return self
+
+
+def load_train_config(path, overrides=()) -> TrainConfig:
+    return load_config(TrainConfig, path, list(overrides)).validate()

@@ -1,0 +1,93 @@
+"""Where training numbers go: `output_dir/metrics.jsonl`, the experiment tracker, and a PNG curve.
+
+    writer = MetricsWriter(output_dir, resume_step)       # main process only
+    writer.write({"step": 10, "loss": 2.1, ...})
+    plot_curves(output_dir / "metrics.jsonl", output_dir / "training_curve.png")
+
+metrics.jsonl has one JSON object per logged step (`kind` = "train" or "eval"). A resumed run first drops
+rows past its checkpoint's step, so the file reads as one uninterrupted run. Trackers: `wandb` (offline
+unless WANDB_API_KEY is set or WANDB_MODE says otherwise; files under output_dir/wandb), `tensorboard`
+(output_dir/tensorboard) or `none`; they go through Accelerate's tracker API.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from pathlib import Path
+
+from draftsmith.runtime.config import atomic_write_text
+from draftsmith.runtime.errors import BadInputError
+
+log = logging.getLogger("draftsmith")
+METRICS_FILE = "metrics.jsonl"
+
+
+def tracker_setup(tracker: str, output_dir: Path) -> str | None:
+    """-> the Accelerate `log_with` value; makes wandb offline when there is no API key."""
+    if tracker == "none":
+        return None
+    module = {"wandb": "wandb", "tensorboard": "tensorboard"}[tracker]
+    if importlib.util.find_spec(module) is None:
+        raise BadInputError(
+            "log.tracker", tracker, f"an installed tracker: pip install 'draftsmith[train]' (or {module})"
+        )
+    if tracker == "wandb":
+        if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
+            os.environ["WANDB_MODE"] = "offline"
+            log.info("wandb: no WANDB_API_KEY, logging offline (wandb sync %s/wandb/... later)", output_dir)
+        os.environ.setdefault("WANDB_DIR", str(output_dir))
+    return tracker
+
+
+class MetricsWriter:
+    def __init__(self, output_dir: Path, resume_step: int = 0):
+        self.path = Path(output_dir) / METRICS_FILE
+        if self.path.is_file():  # keep rows up to the resumed step: the file reads as one run
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= resume_step
+            ]
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+    def write(self, row: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_curves(metrics: Path, out: Path) -> Path | None:
+    """Loss (train and eval) and simulated tau (eval) vs step, as one PNG; None without matplotlib."""
+    if importlib.util.find_spec("matplotlib") is None:
+        log.info("no matplotlib: skipping %s (pip install 'draftsmith[train]')", out)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics)
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    fig, (ax_loss, ax_tau) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
+    if evals:
+        ax_loss.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="validation")
+        ax_tau.plot([r["step"] for r in evals], [r["simulated_tau"] for r in evals], "o-", color="C2")
+    ax_loss.set(xlabel="step", ylabel="TTT loss (weighted sum over steps)", title="loss")
+    ax_loss.legend()
+    ax_tau.set(xlabel="step", ylabel="tokens per target forward", title="simulated tau (validation)")
+    for ax in (ax_loss, ax_tau):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

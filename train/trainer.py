@@ -1,0 +1,420 @@
+"""The training loop on Accelerate: one code path for one CPU, DDP (gloo or NCCL) and DeepSpeed ZeRO-2/3.
+
+    draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 output_dir=runs/smoke
+    accelerate launch --config_file configs/accelerate/ddp-cpu.yaml -m draftsmith.train --config ...
+
+A run: load the frozen target, run the data steps it needs (cached), build the head (draft vocab from the
+`data vocab` step, lm_head rows and norm optionally copied from the target), then AdamW with linear warmup
+and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row goes to metrics.jsonl
+(and the tracker), every `eval.every` steps the validation split is scored (TTT loss, accuracy per step,
+simulated tau), every `checkpoint.every` steps a checkpoint is written (atomic, rotated). A non-finite
+loss or gradient norm stops the run on every rank with the step and row ids, before anything is saved
+(reliability.md A14). The end: `output_dir/final/` (a head `--draft eagle3:DIR` loads), the PNG curve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from draftsmith.runtime.config import save_config
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
+from draftsmith.train.checkpoints import (
+    cfg_fingerprint,
+    check_resume,
+    finished_checkpoints,
+    read_state,
+    save_checkpoint,
+)
+from draftsmith.train.data_steps import SampleOrder, TrainRows, ensure_data
+from draftsmith.train.eagle3_data import offline_batch, online_batch
+from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss
+from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_setup
+
+log = logging.getLogger("draftsmith")
+
+
+class NonFiniteError(DraftsmithError):
+    """A non-finite loss or gradient: the run stops and nothing is saved (exit code 1)."""
+
+
+class TTTModel(nn.Module):
+    """The head and its objective as one module, so DDP and DeepSpeed see one forward per micro-batch.
+    The target's embedding is used frozen and is deliberately not a submodule (never trained, sharded
+    or saved)."""
+
+    def __init__(self, head: nn.Module, embed, steps: int, decay: float):
+        super().__init__()
+        self.head, self.steps, self.decay = head, steps, decay
+        self._embed = [embed]  # a list hides it from nn.Module registration
+
+    def forward(self, input_ids, features, target_logits, loss_mask, valid):
+        batch = TTTBatch(input_ids, features, target_logits, loss_mask, valid)
+        out = ttt_loss(self.head, self._embed[0], batch, self.steps, self.decay)
+        correct = (out.accuracy * out.counted).detach()
+        return out.loss, out.step_losses.detach(), correct, out.counted
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Linear warmup to 1, then cosine from 1 to min_ratio at `total` (a multiplier of the base LR).
+    A warmup longer than a tenth of the run is cut to a tenth (a smoke run only shrinks max_steps)."""
+    warmup = min(warmup, total // 10)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_accelerator(cfg, log_with):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    handlers, kwargs = [], {}
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or deepspeed
+    if distributed and not torch.cuda.is_available():
+        # Without a GPU, Accelerate picks no backend and falls back to one process (ecosystem_cpu.md 3e);
+        # DDP also needs cpu=True, or each process trains alone (2b).
+        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+        kwargs["cpu"] = not deepspeed
+    precision = cfg.train.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() else "no"
+    if not deepspeed:  # DeepSpeed takes precision from its JSON
+        kwargs["mixed_precision"] = precision
+    return Accelerator(
+        gradient_accumulation_steps=cfg.train.grad_accum,
+        log_with=log_with,
+        project_dir=cfg.output_dir,
+        kwargs_handlers=handlers,
+        **kwargs,
+    )
+
+
+def fill_deepspeed_config(accelerator, cfg) -> None:
+    """DeepSpeed's "auto" values that Accelerate can only fill from a dataloader we do not hand it."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    fills = {
+        "train_micro_batch_size_per_gpu": cfg.train.batch_size,
+        "gradient_accumulation_steps": cfg.train.grad_accum,
+        "gradient_clipping": cfg.train.max_grad_norm,
+        "train_batch_size": cfg.train.batch_size * cfg.train.grad_accum * accelerator.num_processes,
+    }
+    for key, value in fills.items():
+        if ds.get(key, "auto") == "auto":
+            ds[key] = value
+
+
+@contextlib.contextmanager
+def no_zero3_init(accelerator):
+    """Under ZeRO-3, transformers loads models partitioned (zero.Init) while Accelerate's DeepSpeed config
+    is registered with it; the frozen target must stay whole on every rank, so unregister it meanwhile."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
+
+
+def build_head(cfg, target, aux_layers, vocab_dir):
+    from draftsmith.data_recipes.vocab import load_draft_vocab
+    from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
+
+    config = Eagle3Config.for_target(target, aux_layers, cfg.head.draft_vocab_size)
+    head = Eagle3Head(config)
+    d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, cfg.head.draft_vocab_size)
+    ids = d2t + torch.arange(len(d2t))
+    head.set_draft_vocab(ids)
+    if cfg.head.init_from_target:  # the head's output lives in the target's residual space
+        with torch.no_grad():
+            head.lm_head.weight.copy_(target.model.lm_head.weight[ids].float())
+            head.norm.weight.copy_(target.decoder.norm.weight.float())
+    return head.float()
+
+
+def make_batch(target, rows, aux_layers, device) -> dict:
+    """The model's keyword inputs for one micro-batch (online: the frozen target runs here)."""
+    batch = offline_batch(target, rows) if "aux_hidden" in rows[0] else online_batch(target, rows, aux_layers)
+    return {
+        "input_ids": batch.input_ids.to(device),
+        "features": batch.features.to(device, torch.float32),
+        "target_logits": batch.target_logits.to(device),
+        "loss_mask": batch.loss_mask.to(device),
+        "valid": batch.valid.to(device),
+    }
+
+
+def all_finite(accelerator, value: torch.Tensor) -> bool:
+    flag = torch.isfinite(value.detach()).all().float().reshape(1).to(accelerator.device)
+    return bool(accelerator.gather(flag).min() > 0)
+
+
+class Trainer:
+    def __init__(self, cfg):
+        from draftsmith.runtime.aux_layers import resolve_aux_layers
+        from draftsmith.runtime.target import Target
+
+        self.cfg = cfg
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        log_with = tracker_setup(cfg.log.tracker, self.out)
+        self.acc = acc = build_accelerator(cfg, log_with)
+        from accelerate.utils import set_seed
+
+        if not acc.is_main_process:  # one process tells the story
+            logging.getLogger("draftsmith").setLevel(logging.WARNING)
+
+        set_seed(cfg.train.seed)
+        with no_zero3_init(acc):  # the frozen target is never partitioned: every rank needs all of it
+            self.target = Target.load(cfg.target, device=str(acc.device), dtype=cfg.dtype)
+        self.target.model.requires_grad_(False)
+        try:  # the data steps name their CLI flags; here the config keys are what the user wrote
+            self.aux = resolve_aux_layers(cfg.head.aux_layers, self.target.num_layers)
+        except BadInputError as err:
+            raise BadInputError("head.aux_layers", err.got, err.expected) from None
+        if not 0 < cfg.head.draft_vocab_size <= self.target.vocab_size:
+            raise BadInputError(
+                "head.draft_vocab_size",
+                cfg.head.draft_vocab_size,
+                f"an integer in [1, {self.target.vocab_size}] (the target's vocabulary)",
+            )
+        with acc.main_process_first():
+            self.paths = ensure_data(cfg, self.target, self.aux, progress=acc.is_main_process)
+        self.train_rows = TrainRows(self.paths, "train")
+        self.val_rows = TrainRows(self.paths, "validation")
+        t = cfg.train
+        self.order = SampleOrder(
+            len(self.train_rows), t.seed, t.batch_size, t.grad_accum, acc.num_processes, acc.process_index
+        )
+        self.head = build_head(cfg, self.target, self.aux, self.paths.vocab)
+        model = TTTModel(self.head, self.target.embed, t.ttt_steps, t.step_decay)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(t.warmup_steps, t.max_steps, t.min_lr_ratio)
+        )
+        fill_deepspeed_config(acc, cfg)
+        # The scheduler is stepped by hand once per optimizer step: Accelerate's wrapper steps it once per
+        # process (its schedules count per-process batches), which would shorten ours by the world size.
+        self.model, self.optimizer = acc.prepare(model, optimizer)
+        self.scheduler = scheduler
+        acc.register_for_checkpointing(scheduler)
+        self.step = self.resume()
+        if acc.is_main_process:
+            save_config(cfg, self.out / "config.yaml")
+            self.metrics = MetricsWriter(self.out, self.step)
+        if log_with:
+            acc.init_trackers(cfg.log.project, config=_flat(asdict(cfg)))
+
+    # ---- resume ---------------------------------------------------------------------------------------
+    def resume(self) -> int:
+        done = finished_checkpoints(self.out) if self.cfg.checkpoint.resume == "auto" else []
+        if not done:
+            return 0
+        state = read_state(done[-1])
+        check_resume(state, self.acc.num_processes, self.paths.data_hash, self.cfg)
+        self.acc.load_state(str(done[-1]))
+        log.info("resumed from %s (step %d)", done[-1], state["step"])
+        return state["step"]
+
+    def state(self) -> dict:
+        return {
+            "step": self.step,
+            "world_size": self.acc.num_processes,
+            "data_hash": self.paths.data_hash,
+            "config_hash": cfg_fingerprint(self.cfg),
+            "lr": self.scheduler.get_last_lr()[0],
+        }
+
+    # ---- one optimizer step ----------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        acc, cfg = self.acc, self.cfg
+        totals = {"loss": 0.0, "correct": 0, "counted": 0, "tokens": 0}
+        for micro in range(cfg.train.grad_accum):
+            rows_at = self.order.rows(self.step, micro)
+            rows = [self.train_rows[k] for k in rows_at]
+            inputs = make_batch(self.target, rows, self.aux, acc.device)
+            with acc.accumulate(self.model):
+                loss, _, correct, counted = self.model(**inputs)
+                if not all_finite(acc, loss):
+                    ids = [self.train_rows.row_id(k) for k in rows_at]
+                    raise NonFiniteError(
+                        f"non-finite loss at step {self.step + 1}, micro-batch {micro}, rank "
+                        f"{acc.process_index}, rows {ids}: stopped, no checkpoint written"
+                    )
+                acc.backward(loss)
+                norm = None
+                if acc.sync_gradients:
+                    norm = acc.clip_grad_norm_(self.model.parameters(), cfg.train.max_grad_norm)
+                    if norm is not None and not all_finite(acc, torch.as_tensor(norm)):
+                        raise NonFiniteError(
+                            f"non-finite gradient norm at step {self.step + 1}: stopped, "
+                            "no checkpoint written"
+                        )
+                self.optimizer.step()  # a no-op inside an accumulation window
+                if acc.sync_gradients:
+                    self.scheduler.step()
+                self.optimizer.zero_grad()
+            totals["loss"] += float(loss.detach()) / cfg.train.grad_accum
+            totals["correct"] = correct + totals["correct"]
+            totals["counted"] = counted + totals["counted"]
+            totals["tokens"] += int(inputs["valid"].sum())
+        totals["grad_norm"] = float(norm) if norm is not None else float("nan")
+        self.step += 1
+        return totals
+
+    # ---- evaluation -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        acc, cfg = self.acc, self.cfg
+        n = min(cfg.eval.max_rows, len(self.val_rows))
+        mine = list(range(acc.process_index, n, acc.num_processes))
+        steps = cfg.train.ttt_steps
+        sums = torch.zeros(2 + 2 * steps, device=acc.device)  # loss*rows, rows, correct[K], counted[K]
+        self.model.eval()
+        for i in range(0, len(mine), cfg.train.batch_size):
+            chunk = mine[i : i + cfg.train.batch_size]
+            inputs = make_batch(self.target, [self.val_rows[k] for k in chunk], self.aux, acc.device)
+            loss, _, correct, counted = self.model(**inputs)
+            sums += torch.cat(
+                [torch.stack([loss * len(chunk), loss.new_tensor(len(chunk))]), correct, counted]
+            )
+        self.model.train()
+        sums = acc.reduce(sums, reduction="sum")
+        correct, counted = sums[2 : 2 + steps], sums[2 + steps :]
+        accuracy = (correct / counted.clamp(min=1)).tolist()
+        tau = 1.0 + float(torch.cumprod(torch.tensor(accuracy), 0).sum())
+        return {
+            "kind": "eval",
+            "step": self.step,
+            "loss": float(sums[0] / sums[1].clamp(min=1)),
+            "accuracy_per_step": [round(a, 4) for a in accuracy],
+            "simulated_tau": round(tau, 4),
+            "rows": int(sums[1]),
+        }
+
+    # ---- the run ---------------------------------------------------------------------------------------
+    def log_row(self, row: dict) -> None:
+        if self.acc.is_main_process:
+            self.metrics.write(row)
+        if self.cfg.log.tracker != "none":
+            flat = {f"{row['kind']}/{k}": v for k, v in row.items() if isinstance(v, (int, float))}
+            for k, a in enumerate(row.get("accuracy_per_step", [])):
+                flat[f"{row['kind']}/accuracy_step{k}"] = a
+            self.acc.log(flat, step=self.step)
+
+    def save(self) -> None:
+        save_checkpoint(self.acc, self.out, self.state(), self.cfg.checkpoint.keep)
+
+    def fit(self) -> dict:
+        from tqdm.auto import tqdm
+
+        cfg, acc = self.cfg, self.acc
+        bar = tqdm(
+            total=cfg.train.max_steps,
+            initial=self.step,
+            desc="train",
+            unit="step",
+            disable=not (cfg.log.progress and acc.is_main_process),
+        )
+        window = {"tokens": 0, "start": time.perf_counter()}
+        last_eval = None
+        while self.step < cfg.train.max_steps:
+            totals = self.train_step()
+            window["tokens"] += totals["tokens"]
+            bar.update(1)
+            if self.step % cfg.log.every == 0 or self.step == cfg.train.max_steps:
+                row = self.train_row(totals, window)
+                bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=row["accuracy_per_step"][0], refresh=False)
+                self.log_row(row)
+            if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.train.max_steps:
+                last_eval = self.evaluate()
+                self.log_row(last_eval)
+                log.info(
+                    "eval step %d: loss %.4f, simulated tau %.3f, accuracy per step %s",
+                    self.step,
+                    last_eval["loss"],
+                    last_eval["simulated_tau"],
+                    last_eval["accuracy_per_step"],
+                )
+            if (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or (
+                self.step == cfg.train.max_steps
+            ):
+                self.save()
+        bar.close()
+        self.finish()
+        return last_eval or {}
+
+    def train_row(self, totals: dict, window: dict) -> dict:
+        counted = self.acc.reduce(totals["counted"].detach().clone(), reduction="sum")
+        correct = self.acc.reduce(totals["correct"].detach().clone(), reduction="sum")
+        tokens = self.acc.reduce(torch.tensor(float(window["tokens"]), device=self.acc.device), "sum")
+        elapsed = time.perf_counter() - window["start"]
+        window.update(tokens=0, start=time.perf_counter())
+        accuracy = (correct / counted.clamp(min=1)).tolist()
+        return {
+            "kind": "train",
+            "step": self.step,
+            "loss": totals["loss"],  # unrounded: resume tests compare it bitwise
+            "accuracy_per_step": [round(a, 4) for a in accuracy],
+            "simulated_tau": round(1.0 + float(torch.cumprod(torch.tensor(accuracy), 0).sum()), 4),
+            "lr": self.scheduler.get_last_lr()[0],
+            "grad_norm": round(totals["grad_norm"], 5),
+            "tokens_per_s": round(float(tokens) / elapsed, 1),
+            "epoch": round(self.order.epoch(self.step - 1), 4),
+        }
+
+    def finish(self) -> None:
+        from draftsmith.runtime.eagle3 import save_head
+
+        acc = self.acc
+        acc.wait_for_everyone()
+        state = acc.get_state_dict(self.model)  # gathers ZeRO-3 shards on the main process
+        if acc.is_main_process:
+            head = self.head.__class__(self.head.config)
+            result = head.load_state_dict(
+                {k.removeprefix("head."): v for k, v in state.items()}, strict=False
+            )
+            missing = [k for k in result.missing_keys if not k.startswith("rotary.")]
+            if missing or result.unexpected_keys:
+                raise DraftsmithError(f"final head: missing {missing}, unexpected {result.unexpected_keys}")
+            save_head(head, self.out / "final")
+            plot_curves(self.metrics.path, self.out / "training_curve.png")
+            log.info("final head: %s (use it with --draft eagle3:%s)", self.out / "final", self.out / "final")
+        acc.end_training()
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
+    return out
+
+
+def train(cfg) -> dict:
+    """Run a training job to the end; returns the last evaluation row."""
+    return Trainer(cfg).fit()
