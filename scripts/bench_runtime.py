@@ -2,12 +2,16 @@
 
     python scripts/bench_runtime.py verify-cost                 # one tree verification forward vs node count
     python scripts/bench_runtime.py speedup --max-new-tokens 64 # drafters vs plain decoding, side by side
+    python scripts/bench_runtime.py compare --prompt-set humaneval --temperatures 0,1 \
+        --methods "hf;ngram@chain:2;eagle3:runs/eagle3-smollm2-135m/final@chain:4"
 
 verify-cost: after a 200-token prefix, time one target forward over N tree nodes (a binary-ish tree,
 tree mask, per-node positions) for N in --nodes, interleaved across N, median of --repeats.
 speedup: for every prompt of --prompts, run plain decoding and every method in a rotating order (so
 drift hits all alike) after a warm-up; report tokens/s, tau, acceptance per position, the speedup of
 summed tokens/s and the median of per-prompt speedups, and check greedy identity with plain decoding.
+compare: draftsmith.runtime.speed.compare_methods on a held-out prompt set (sharegpt, humaneval,
+jsonl:FILE) at each temperature: plain, hf generate() and the drafters side by side.
 Results go to --out as JSON; tables are printed in Markdown.
 """
 
@@ -111,11 +115,37 @@ def speedup(target: Target, methods: list[str], prompts: list[list[int]], max_ne
     return {"summary": summary, "new_tokens": sum(r.new_tokens for _, r in plain)}
 
 
+def compare(target: Target, args, meta: dict, out: Path) -> None:
+    from draftsmith.runtime.prompt_sets import load_prompt_set
+    from draftsmith.runtime.speed import compare_methods, format_rows
+
+    prompts = [target.encode(t) for t in load_prompt_set(args.prompt_set, args.num_prompts)]
+    rows = []
+    for temperature in [float(t) for t in args.temperatures.split(",")]:
+        part = compare_methods(
+            target,
+            args.methods.split(";"),
+            prompts,
+            SamplingParams(temperature=temperature),
+            args.max_new_tokens,
+        )
+        print(
+            f"\n{args.prompt_set}: {len(prompts)} prompts, {args.max_new_tokens} new tokens, "
+            f"T={temperature:g}"
+        )
+        print(format_rows(part), flush=True)
+        rows += part
+    name = f"compare-{args.prompt_set.replace(':', '-').replace('/', '_')}.json"
+    (out / name).write_text(json.dumps({**meta, "prompt_set": args.prompt_set, "rows": rows}, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["verify-cost", "speedup"])
+    parser.add_argument("what", choices=["verify-cost", "speedup", "compare"])
+    parser.add_argument("--prompt-set", default="sharegpt", help="compare: sharegpt, humaneval, jsonl:FILE")
+    parser.add_argument("--temperatures", default="0", help="compare: comma-separated")
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--nodes", default="1,2,4,6,8,12,16,24,32,48,64")
     parser.add_argument("--repeats", type=int, default=7)
@@ -143,6 +173,9 @@ def main() -> None:
         for r in rows:
             print(f"| {r['nodes']} | {r['ms']:.1f} | {r['vs_1']:.2f} |")
         (out / "verify_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+        return
+    if args.what == "compare":
+        compare(target, args, meta, out)
         return
     texts = read_prompts_file(args.prompts)[: args.num_prompts]
     prompts = [target.encode(t) for t in texts]

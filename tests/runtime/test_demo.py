@@ -1,39 +1,58 @@
-"""`draftsmith demo` end to end on a tiny target: side-by-side timing, identity check, written outputs."""
+"""`draftsmith demo` end to end on a tiny target: data -> train -> head -> side-by-side bench."""
 
 import json
 
+import pytest
 import yaml
+from train_data import write_conversations
 
 from draftsmith.runtime.cli import main
-from draftsmith.runtime.side_by_side import PromptTiming, format_table, summarize
 
 
-def test_demo_runs_and_writes_results(tiny_dir, tmp_path, capsys):
-    out = tmp_path / "demo"
-    overrides = [f"target={tiny_dir}", f"out_dir={out}", "prompts=[w1 w2, w3 w4 w5, w6]", "max_new_tokens=8"]
-    assert main(["demo", *overrides, "repeats=2"]) == 0
+@pytest.fixture
+def demo_overrides(tiny_dir, tmp_path):
+    source = write_conversations(tmp_path / "convs.jsonl")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w1 w2 w3\nw4 w5\nw9 w8 w7\n")
+    train = [
+        f"data.source={source}",
+        f"data.dir={tmp_path / 'data'}",
+        "data.max_length=64",
+        "data.validation_fraction=0.2",
+        "head.aux_layers=0,1,2",
+        "head.draft_vocab_size=64",
+        "train.ttt_steps=3",
+        f"output_dir={tmp_path / 'head-run'}",
+        "log.progress=false",
+    ]
+    return [
+        f"target={tiny_dir}",
+        f"out_dir={tmp_path / 'demo'}",
+        f"prompt_set=jsonl:{prompts}",
+        "max_new_tokens=8",
+        "train_overrides=" + json.dumps(train),  # a JSON list is a YAML list
+    ]
+
+
+def test_demo_trains_a_head_and_benches_it(demo_overrides, tmp_path, capsys):
+    assert main(["demo", *demo_overrides, "num_prompts=3"]) == 0
     printed = capsys.readouterr().out
-    assert "generate() tok/s" in printed and "greedy tokens identical: True" in printed
-    results = json.loads((out / "results.json").read_text())
-    assert results["prompts"] == 3 and results["greedy_identical"] is True
-    assert results["new_tokens"] == sum(r["new_tokens"] for r in results["rows"]) > 0
-    assert results["draftsmith_tokens_per_s"] > 0 and results["hf_generate_tokens_per_s"] > 0
-    config = yaml.safe_load((out / "config.yaml").read_text())
-    assert config["repeats"] == 2 and config["target"] == str(tiny_dir)
+    assert "| eagle3:" in printed and "| hf |" in printed
+    results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    methods = [r["method"] for r in results["rows"]]
+    assert methods[0] == "plain" and any(m.startswith("eagle3:") and "@dynamic:" in m for m in methods)
+    assert all(r["greedy_identical"] for r in results["rows"])
+    assert all(r["prompts"] == 3 and r["tokens_per_s"] > 0 for r in results["rows"])
+    assert (tmp_path / "head-run" / "final" / "model.safetensors").is_file()
+    assert results["head_validation"]["simulated_tau"] >= 1.0
+    assert yaml.safe_load((tmp_path / "demo" / "config.yaml").read_text())["max_new_tokens"] == 8
 
 
-def test_demo_quick_and_bad_override(tiny_dir, tmp_path, capsys):
-    out = tmp_path / "quick"
-    assert main(["demo", "--quick", f"target={tiny_dir}", f"out_dir={out}"]) == 0
-    assert yaml.safe_load((out / "config.yaml").read_text())["repeats"] == 1
+def test_demo_quick_and_bad_override(demo_overrides, tmp_path, capsys):
+    assert main(["demo", "--quick", *demo_overrides]) == 0
+    config = yaml.safe_load((tmp_path / "demo-quick" / "config.yaml").read_text())
+    assert config["repeats"] == 1 and config["num_prompts"] == 4 and config["max_new_tokens"] == 8
+    results = json.loads((tmp_path / "demo-quick" / "results.json").read_text())
+    assert all(r["prompts"] == 3 for r in results["rows"])  # the file holds 3 of the 4 asked for
     assert main(["demo", "repeat=3"]) == 2  # typo: names the key and suggests 'repeats'
     assert "did you mean 'repeats'" in capsys.readouterr().err
-
-
-def test_summary_math_and_table():
-    rows = [PromptTiming(0, 10, 1.0, 2.0, True), PromptTiming(1, 30, 1.0, 1.0, False)]
-    summary = summarize(rows)
-    assert summary["draftsmith_tokens_per_s"] == 20.0 and summary["hf_generate_tokens_per_s"] == 40 / 3
-    assert summary["speedup_vs_hf_generate"] == 1.5 and summary["greedy_identical"] is False
-    table = format_table(rows, summary)
-    assert "NO" in table and table.splitlines()[-1].split()[0] == "all"
