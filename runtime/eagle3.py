@@ -2,7 +2,7 @@
 
     config = Eagle3Config.for_target(target, draft_vocab_size=8192)
     head = Eagle3Head(config)
-    fused = head.fc(aux)                               # [B, T, A*Ht] -> [B, T, H]: target features, fused
+    fused = head.fuse(aux)                             # [B, T, A*Ht] -> [B, T, H]: target features, fused
     h = head(target.embed(next_ids), fused, positions, cache)   # [B, T, H], pre-norm output
     head.target_logits(h)                              # [B, T, V]: draft logits scattered to target ids
 
@@ -58,9 +58,15 @@ class Eagle3Config:
     tokenizer_hash: str
     layer: dict = field(default_factory=dict)  # Llama fields of the draft layer (LAYER_KEYS)
     head_type: str = "eagle3"
+    # EAGLE-3.1 input norms (mission_anchors.md b1): an RMSNorm per aux hidden state (`fc_norm.{i}`), or
+    # one RMSNorm over their concatenation (`input_norm`, gpt-oss style), applied before `fc`.
+    fc_norm: bool = False
+    norm_before_fc: bool = False
 
     @classmethod
-    def for_target(cls, target, aux_layer_ids=None, draft_vocab_size: int | None = None) -> Eagle3Config:
+    def for_target(
+        cls, target, aux_layer_ids=None, draft_vocab_size: int | None = None, **options
+    ) -> Eagle3Config:
         cfg = target.config.to_dict()
         layers = target.num_layers
         aux = list(aux_layer_ids) if aux_layer_ids is not None else list(default_aux_layers(layers))
@@ -74,6 +80,7 @@ class Eagle3Config:
             aux_layer_ids=aux,
             tokenizer_hash=tokenizer_hash(target.tokenizer),
             layer=layer,
+            **options,
         )
         config.validate(num_target_layers=layers)
         return config
@@ -91,6 +98,8 @@ class Eagle3Config:
         top = num_target_layers if num_target_layers is not None else 10**9
         if not aux or len(set(aux)) != len(aux) or any(not 0 <= i < top for i in aux):
             raise BadInputError("aux_layer_ids", aux, f"distinct layer ids in [0, {top})")
+        if self.fc_norm and self.norm_before_fc:
+            raise BadInputError("fc_norm", True, "fc_norm or norm_before_fc, not both (EAGLE-3.1 flags)")
         missing = [
             k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in self.layer
         ]
@@ -152,7 +161,12 @@ class Eagle3Head(nn.Module):
         self.config = cfg.validate()
         llama = LlamaConfig(**cfg.layer, num_hidden_layers=1, vocab_size=cfg.vocab_size)
         hidden = cfg.hidden_size
-        self.fc = nn.Linear(len(cfg.aux_layer_ids) * cfg.target_hidden_size, hidden, bias=False)
+        width, eps = len(cfg.aux_layer_ids) * cfg.target_hidden_size, cfg.layer.get("rms_norm_eps", 1e-6)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(LlamaRMSNorm(cfg.target_hidden_size, eps) for _ in cfg.aux_layer_ids)
+        if cfg.norm_before_fc:
+            self.input_norm = LlamaRMSNorm(width, eps)
+        self.fc = nn.Linear(width, hidden, bias=False)
         self.midlayer = Eagle3Layer(cfg, llama)
         self.norm = LlamaRMSNorm(hidden, cfg.layer.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(hidden, cfg.draft_vocab_size, bias=False)
@@ -166,6 +180,16 @@ class Eagle3Head(nn.Module):
         self.d2t.copy_(target_ids - torch.arange(len(target_ids)))
         self.t2d.zero_()
         self.t2d[target_ids] = True
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's concatenated aux hidden states [.., A*Ht] -> the fused feature [.., H]."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.config.fc_norm:
+            parts = aux.chunk(len(self.fc_norm), dim=-1)
+            aux = torch.cat([norm(part) for norm, part in zip(self.fc_norm, parts)], dim=-1)
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)
+        return self.fc(aux)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         attn = self.midlayer.self_attn

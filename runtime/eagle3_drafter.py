@@ -57,7 +57,7 @@ class Eagle3Drafter(LMDrafter):
         positions = torch.tensor(self.cached)[:, None] + torch.arange(width)  # [B, Wp]
         with torch.inference_mode():
             embeds = self.model.embed(ids.to(device))
-            h = self.head(embeds, self.head.fc(feats), positions.to(device), self.cache, valid.to(device))
+            h = self.head(embeds, self.head.fuse(feats), positions.to(device), self.cache, valid.to(device))
         self.forwards += 1
         last = torch.tensor(counts, device=device) - 1
         self.root_hidden = h[torch.arange(batch, device=device), last]  # [B, H]

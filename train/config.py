@@ -22,6 +22,8 @@ class HeadConfig:
     draft_vocab_size: int = 8192  # rows of the draft LM head (the most frequent supervised tokens)
     aux_layers: str = "auto"  # auto = (1, L/2-1, L-4), or comma-separated 0-based layer ids
     init_from_target: bool = True  # start lm_head (draft rows) and norm from the target's
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux hidden state before fc
+    norm_before_fc: bool = False  # EAGLE-3.1: one RMSNorm over the concatenated aux states before fc
 
 
 @dataclass

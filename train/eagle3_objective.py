@@ -93,7 +93,7 @@ def unroll(head: Eagle3Head, embed, input_ids: torch.Tensor, features: torch.Ten
     """Yield the head's output [B, T, H] at steps 0..steps-1 (step k at t predicts token t+k+2)."""
     length, device = input_ids.shape[1], input_ids.device
     cache = GrowingCache(input_ids.shape[0], device)
-    feature = head.fc(features.to(head.fc.weight.dtype))  # [B, T, H]
+    feature = head.fuse(features)  # [B, T, H]
     positions = torch.arange(length, device=device)[None].expand_as(input_ids)
     for k in range(steps):
         tokens = torch.zeros_like(input_ids)  # pair t at step k reads token t+k+1 (zeros past the end)

@@ -141,7 +141,13 @@ def build_head(cfg, target, aux_layers, vocab_dir):
     from draftsmith.data_recipes.vocab import load_draft_vocab
     from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
 
-    config = Eagle3Config.for_target(target, aux_layers, cfg.head.draft_vocab_size)
+    config = Eagle3Config.for_target(
+        target,
+        aux_layers,
+        cfg.head.draft_vocab_size,
+        fc_norm=cfg.head.fc_norm,
+        norm_before_fc=cfg.head.norm_before_fc,
+    )
     head = Eagle3Head(config)
     d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, cfg.head.draft_vocab_size)
     ids = d2t + torch.arange(len(d2t))

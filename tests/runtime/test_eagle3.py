@@ -172,3 +172,37 @@ def test_head_for_another_target_is_refused(target, head, tmp_path, key, value, 
 def test_bad_draft_vocab_size(target):
     with pytest.raises(BadInputError, match="draft_vocab_size"):
         Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2], draft_vocab_size=10**6)
+
+
+@pytest.mark.parametrize(
+    "flag,names",
+    [
+        ("fc_norm", {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}),
+        ("norm_before_fc", {"input_norm.weight"}),
+    ],
+)
+def test_eagle31_input_norms(target, tmp_path, flag, names):
+    """EAGLE-3.1 flags add the anchors' tensors and make the fused feature scale-invariant per norm."""
+    torch.manual_seed(0)
+    head = Eagle3Head(Eagle3Config.for_target(target, [0, 1, 2], 64, **{flag: True}))
+    saved = {k for k in head.state_dict() if not k.startswith("rotary.")}
+    assert saved == OFFICIAL_NAMES | names
+    aux = torch.randn(1, 5, 3 * target.hidden_size)
+    scale = torch.ones(3 * target.hidden_size)
+    scale[: target.hidden_size] = 7.0 if flag == "fc_norm" else 1.0  # one aux state scaled alone
+    if flag == "norm_before_fc":
+        scale[:] = 7.0  # the whole concatenation scaled
+    assert torch.allclose(head.fuse(aux * scale), head.fuse(aux), atol=1e-5)
+    assert not torch.allclose(
+        Eagle3Head(head.config.__class__(**{**head.config.__dict__, flag: False})).fuse(aux * scale),
+        head.fuse(aux),
+    )
+    save_head(head, tmp_path / "h")
+    loaded = load_head(tmp_path / "h", target)
+    assert getattr(loaded.config, flag) is True
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in head.state_dict().items())
+
+
+def test_eagle31_flags_are_exclusive(target):
+    with pytest.raises(BadInputError, match="fc_norm"):
+        Eagle3Config.for_target(target, [0, 1, 2], 64, fc_norm=True, norm_before_fc=True)
