@@ -24,6 +24,7 @@ import yaml
 from draftsmith.runtime.errors import BadInputError
 
 C = TypeVar("C")
+YAML_BOOL_WORDS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
 
 
 def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | tuple = ()) -> C:
@@ -104,6 +105,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 errors.append(err.expected)
         raise BadInputError(key, value, " or ".join(errors))
     if origin is typing.Literal:
+        if isinstance(value, bool):  # YAML 1.1 reads no/off/yes/on as booleans: take them back as words
+            value = next((w for w in YAML_BOOL_WORDS[value] if w in args), value)
         if value not in args:
             raise BadInputError(key, value, f"one of {list(args)}")
         return value

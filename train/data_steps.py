@@ -58,6 +58,15 @@ def ensure_data(cfg, target, aux_layers, progress: bool = True) -> DataPaths:
 
     d, root = cfg.data, data_root(cfg, target)
     log.info("data: %s", root)
+    from draftsmith.runtime.prompt_sets import SHAREGPT_HELD_OUT_START
+
+    if d.source == "sharegpt" and (d.max_samples is None or d.max_samples > SHAREGPT_HELD_OUT_START):
+        log.warning(
+            "data.max_samples=%s reaches ShareGPT's held-out slice (conversations from %d on): "
+            "bench --prompts sharegpt would then measure prompts seen in training",
+            d.max_samples,
+            SHAREGPT_HELD_OUT_START,
+        )
     existing = read_record(root / "prepared")
     if existing is not None:  # never silently replace data made for another target or template
         check_same_target(existing, target, "data.dir")

@@ -89,6 +89,10 @@ def build_accelerator(cfg, log_with):
         # DDP also needs cpu=True, or each process trains alone (2b).
         handlers.append(InitProcessGroupKwargs(backend="gloo"))
         kwargs["cpu"] = not deepspeed
+    if not distributed:  # Accelerate's state is a process-wide singleton: a second run in one process
+        from accelerate.state import AcceleratorState  # (the demo, tests) may use other settings
+
+        AcceleratorState._reset_state(reset_partial_state=True)
     precision = cfg.train.mixed_precision
     if precision == "auto":
         precision = "bf16" if torch.cuda.is_available() else "no"

@@ -86,3 +86,18 @@ def test_saved_config_round_trips(tmp_path):
     assert load_config(Run, out) == cfg
     assert yaml.safe_load(out.read_text())["resume"] == "x/y"
     assert [p.name for p in out.parent.iterdir()] == ["config.yaml"]  # no temp file left behind
+
+
+@dataclass
+class Precision:
+    mixed: Literal["auto", "no", "bf16"] = "auto"
+    switch: Literal["on", "off"] = "on"
+
+
+def test_yaml_boolean_words_map_back_to_literal_choices(tmp_path):
+    """YAML 1.1 reads `no`/`off` as False: a Literal that offers the word gets the word back."""
+    cfg = load_config(Precision, write(tmp_path, "mixed: no\nswitch: off\n"))
+    assert cfg.mixed == "no" and cfg.switch == "off"
+    assert load_config(Precision, None, ["switch=on"]).switch == "on"
+    with pytest.raises(BadInputError, match="mixed: got True"):  # no word for True among the choices
+        load_config(Precision, None, ["mixed=yes"])

@@ -167,7 +167,10 @@ def test_resume_in_a_new_process_is_exact(tiny_dir, source, data_dir, tmp_path, 
     assert all(torch.equal(fa[k], fb[k]) for k in fa)
 
 
-def test_nan_batch_stops_the_run_and_saves_nothing_after(tiny_dir, source, data_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("precision", ["no", "bf16"])  # bf16: where DeepSpeed skips silently (A14)
+def test_nan_batch_stops_the_run_and_saves_nothing_after(
+    tiny_dir, source, data_dir, tmp_path, monkeypatch, precision
+):
     real = trainer_module.make_batch
     calls = {"n": 0}
 
@@ -181,7 +184,17 @@ def test_nan_batch_stops_the_run_and_saves_nothing_after(tiny_dir, source, data_
     monkeypatch.setattr(trainer_module, "make_batch", poisoned)
     out = tmp_path / "nan"
     with pytest.raises(NonFiniteError, match=r"non-finite loss at step 3, micro-batch 0, rank 0, rows \['"):
-        train(config(tiny_dir, source, data_dir, out, "checkpoint.every=1", "checkpoint.keep=10"))
+        train(
+            config(
+                tiny_dir,
+                source,
+                data_dir,
+                out,
+                "checkpoint.every=1",
+                "checkpoint.keep=10",
+                f"train.mixed_precision={precision}",
+            )
+        )
     assert [p.name for p in finished_checkpoints(out)] == ["step-000001", "step-000002"]
     assert not (out / "final").exists()
 
