@@ -53,8 +53,8 @@ class DemoConfig:
         default_factory=lambda: [
             "hf",
             "ngram@chain:2",
-            "eagle3:{head}@chain:3",
-            "eagle3:{head}@dynamic:depth=4,topk=4,tokens=12",
+            "eagle3:{head}@chain:2",
+            "eagle3:{head}@dynamic:depth=3,topk=4,tokens=8",
         ]
     )  # {head} = the trained head folder
     device: str = "auto"

@@ -373,8 +373,10 @@ class Trainer:
             ):
                 self.save()
         bar.close()
+        if last_eval is None:  # a finished run rerun (resumed at max_steps): score the head it holds
+            last_eval = self.evaluate()
         self.finish()
-        return last_eval or {}
+        return last_eval
 
     def train_row(self, totals: dict, window: dict) -> dict:
         counted = self.acc.reduce(totals["counted"].detach().clone(), reduction="sum")
