@@ -18,3 +18,16 @@ def write_conversations(path: Path, n: int = 40, seed: int = 0) -> Path:
                 msgs += [{"role": "user", "content": ask}, {"role": "assistant", "content": answer}]
             f.write(json.dumps({"messages": msgs}) + "\n")
     return Path(path)
+
+
+def tiny_train_overrides(source: Path, data_dir: Path) -> list[str]:
+    """Train-config overrides that fit the tiny target (3 layers, 128-token vocabulary) and its data."""
+    return [
+        f"data.source={source}",
+        f"data.dir={data_dir}",
+        "data.max_length=64",
+        "data.validation_fraction=0.2",
+        "head.aux_layers=0,1,2",
+        "head.draft_vocab_size=64",
+        "log.progress=false",
+    ]

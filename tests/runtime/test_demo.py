@@ -4,7 +4,7 @@ import json
 
 import pytest
 import yaml
-from train_data import write_conversations
+from train_data import tiny_train_overrides, write_conversations
 
 from draftsmith.runtime.cli import main
 
@@ -15,15 +15,9 @@ def demo_overrides(tiny_dir, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("w1 w2 w3\nw4 w5\nw9 w8 w7\n")
     train = [
-        f"data.source={source}",
-        f"data.dir={tmp_path / 'data'}",
-        "data.max_length=64",
-        "data.validation_fraction=0.2",
-        "head.aux_layers=0,1,2",
-        "head.draft_vocab_size=64",
+        *tiny_train_overrides(source, tmp_path / "data"),
         "train.ttt_steps=3",
         f"output_dir={tmp_path / 'head-run'}",
-        "log.progress=false",
     ]
     return [
         f"target={tiny_dir}",

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from train_data import write_conversations
+from train_data import tiny_train_overrides, write_conversations
 
 from draftsmith.runtime.eagle3 import load_head
 from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
@@ -31,17 +31,11 @@ def test_bf16_training_on_cuda_and_drafting_with_its_head(tiny_dir, tmp_path):
         [
             f"target={tiny_dir}",
             f"output_dir={out}",
-            f"data.source={source}",
-            f"data.dir={tmp_path / 'data'}",
-            "data.max_length=64",
-            "data.validation_fraction=0.2",
-            "head.aux_layers=0,1,2",
-            "head.draft_vocab_size=64",
+            *tiny_train_overrides(source, tmp_path / "data"),
             "train.max_steps=8",
             "train.batch_size=4",
             "eval.every=4",
             "log.every=1",
-            "log.progress=false",
             "device=cuda",
         ],
     )

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from train_data import write_conversations
+from train_data import tiny_train_overrides, write_conversations
 
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.errors import BadInputError
@@ -35,12 +35,7 @@ def overrides(tiny_dir, source, data_dir, out, *extra):
     return [
         f"target={tiny_dir}",
         f"output_dir={out}",
-        f"data.source={source}",
-        f"data.dir={data_dir}",
-        "data.max_length=64",
-        "data.validation_fraction=0.2",
-        "head.aux_layers=0,1,2",
-        "head.draft_vocab_size=64",
+        *tiny_train_overrides(source, data_dir),
         "train.max_steps=6",
         "train.batch_size=2",
         "train.warmup_steps=2",
@@ -49,7 +44,6 @@ def overrides(tiny_dir, source, data_dir, out, *extra):
         "eval.max_rows=4",
         "checkpoint.every=2",
         "log.every=1",
-        "log.progress=false",
         *extra,
     ]
 
