@@ -79,24 +79,25 @@ def train_config_path(name: str) -> Path:
 
 
 def train_head(cfg: DemoConfig, quick: bool):
-    """Steps 1-2: train (or reuse / resume) the head; -> (head folder, last evaluation row)."""
+    """Steps 1-2: train (or reuse / resume) the head; -> (head folder, last evaluation row, the target
+    the trainer loaded, reused by the bench instead of loading it twice)."""
     from draftsmith.train.config import load_train_config
-    from draftsmith.train.trainer import train
+    from draftsmith.train.trainer import Trainer
 
     overrides = [f"target={cfg.target}", f"device={cfg.device}", f"dtype={cfg.dtype}"]
     if quick:
         overrides += [*QUICK_TRAIN, f"output_dir={Path(cfg.out_dir) / 'head-run'}"]
     train_cfg = load_train_config(train_config_path(cfg.train_config), overrides + cfg.train_overrides)
     log.info("demo 1/3: data + train -> %s (%d steps)", train_cfg.output_dir, train_cfg.train.max_steps)
-    last_eval = train(train_cfg)
-    return Path(train_cfg.output_dir) / "final", last_eval
+    trainer = Trainer(train_cfg)
+    last_eval = trainer.fit()
+    return Path(train_cfg.output_dir) / "final", last_eval, trainer.target
 
 
 def demo_main(config_path: str | None, overrides: list[str], quick: bool = False) -> dict:
     from draftsmith.runtime.prompt_sets import load_prompt_set
     from draftsmith.runtime.sampling import SamplingParams
     from draftsmith.runtime.speed import compare_methods, format_rows
-    from draftsmith.runtime.target import Target
 
     cfg = load_config(DemoConfig, config_path or default_config_path(), overrides)
     if quick:
@@ -109,9 +110,8 @@ def demo_main(config_path: str | None, overrides: list[str], quick: bool = False
     cfg.validate()
     out = Path(cfg.out_dir)
     texts = load_prompt_set(cfg.prompt_set, cfg.num_prompts)  # bad input fails before training
-    head, last_eval = train_head(cfg, quick)
-    log.info("demo 2/3: head %s (simulated tau on validation %.2f)", head, last_eval.get("simulated_tau", 0))
-    target = Target.load(cfg.target, device=cfg.device, dtype=cfg.dtype)
+    head, last_eval, target = train_head(cfg, quick)
+    log.info("demo 2/3: head %s (simulated tau on validation %.2f)", head, last_eval["simulated_tau"])
     methods = [m.replace("{head}", str(head)) for m in cfg.methods]
     log.info(
         "demo 3/3: bench on %d held-out %s prompts, %d new tokens",

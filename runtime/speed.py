@@ -44,7 +44,7 @@ class MethodRunner:
         self.drafters = {}
         for method in methods:
             if method not in ("plain", "hf"):
-                draft, sep, tree = method.partition("@")
+                draft, _, tree = method.partition("@")
                 self.drafters[method] = build_drafter(draft, target, parse_tree_spec(tree or "chain:2"))
 
     def __call__(self, method: str, prompt: list[int], params: SamplingParams, max_new: int, seed: int):
@@ -123,6 +123,9 @@ def summarize(per: dict, params: SamplingParams) -> list[dict]:
             depths = [d for r in results for d in r.draft_depths]
             row["mean_accepted"] = round(sum(r.new_tokens for r in results) / forwards, 3)
             row["accept_rate_per_position"] = [round(x, 3) for x in accept_rates(lengths, depths)]
+            row["draft_forwards_per_token"] = round(
+                sum(r.draft_forwards for r in results) / max(tokens, 1), 3
+            )
         if params.greedy:
             row["greedy_identical"] = all(t == pt for (_, t, _), (_, pt, _) in zip(runs, plain, strict=True))
         rows.append(row)

@@ -7,11 +7,11 @@
 
 verify-cost: after a 200-token prefix, time one target forward over N tree nodes (a binary-ish tree,
 tree mask, per-node positions) for N in --nodes, interleaved across N, median of --repeats.
-speedup: for every prompt of --prompts, run plain decoding and every method in a rotating order (so
-drift hits all alike) after a warm-up; report tokens/s, tau, acceptance per position, the speedup of
-summed tokens/s and the median of per-prompt speedups, and check greedy identity with plain decoding.
-compare: draftsmith.runtime.speed.compare_methods on a held-out prompt set (sharegpt, humaneval,
-jsonl:FILE) at each temperature: plain, hf generate() and the drafters side by side.
+compare: draftsmith.runtime.speed.compare_methods on a prompt set (sharegpt held out, humaneval,
+jsonl:FILE) at each temperature: plain decoding and every method in a rotating order per prompt (so
+drift hits all alike) after a warm-up; tokens/s, speedup of summed tokens/s and the median of per-prompt
+speedups, tau, acceptance per position, draft forwards per token, greedy identity with plain decoding.
+speedup: compare on --prompts (default configs/prompts/runtime-bench.jsonl) at temperature 0.
 Results go to --out as JSON; tables are printed in Markdown.
 """
 
@@ -27,13 +27,9 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.drafting import build_drafter
-from draftsmith.runtime.engine import accept_rates, generate_plain
-from draftsmith.runtime.prompts import read_prompts_file
 from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
 from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import Tree, ancestor_mask, parse_tree_spec, position_ids
+from draftsmith.runtime.tree import Tree, ancestor_mask, position_ids
 
 DEFAULT_METHODS = (
     "ngram@chain:4",
@@ -65,54 +61,6 @@ def verify_cost(target: Target, nodes: list[int], repeats: int) -> list[dict]:
         {"nodes": n, "ms": 1000 * statistics.median(times[n]), "vs_1": statistics.median(times[n]) / base}
         for n in nodes
     ]
-
-
-def run_method(target, method, prompt, max_new):
-    if method == "plain":
-        return generate_plain(target, [prompt], SamplingParams(), max_new)[0]
-    draft, _, tree = method.partition("@")
-    drafter = build_drafter(draft, target, parse_tree_spec(tree))
-    return generate_speculative(target, drafter, [prompt], SamplingParams(), max_new)[0]
-
-
-def speedup(target: Target, methods: list[str], prompts: list[list[int]], max_new: int) -> dict:
-    names = ["plain", *methods]
-    for name in names:  # warm-up
-        run_method(target, name, prompts[0], 8)
-    rows = {name: [] for name in names}
-    for i, prompt in enumerate(prompts):
-        order = names[i % len(names) :] + names[: i % len(names)]
-        for name in order:
-            start = time.perf_counter()
-            res = run_method(target, name, prompt, max_new)
-            rows[name].append((time.perf_counter() - start, res))
-        print(f"prompt {i + 1}/{len(prompts)} done", flush=True)
-    plain = rows["plain"]
-    summary = []
-    for name in names:
-        runs = rows[name]
-        tokens = sum(r.new_tokens for _, r in runs)
-        wall = sum(w for w, _ in runs)
-        lengths = [a for _, r in runs for a in r.accepted_lengths]
-        depths = [d for _, r in runs for d in r.draft_depths]
-        summary.append(
-            {
-                "method": name,
-                "tokens_per_s": tokens / wall,
-                "speedup": (tokens / wall) / (sum(r.new_tokens for _, r in plain) / sum(w for w, _ in plain)),
-                "median_prompt_speedup": statistics.median(
-                    (r.new_tokens / w) / (p.new_tokens / pw)
-                    for (w, r), (pw, p) in zip(runs, plain, strict=True)
-                ),
-                "mean_accepted": tokens / sum(r.target_forwards for _, r in runs),
-                "accept_rate_per_position": [round(x, 3) for x in accept_rates(lengths, depths)],
-                "draft_forwards_per_token": sum(r.draft_forwards for _, r in runs) / tokens,
-                "greedy_identical": all(
-                    r.token_ids == p.token_ids for (_, r), (_, p) in zip(runs, plain, strict=True)
-                ),
-            }
-        )
-    return {"summary": summary, "new_tokens": sum(r.new_tokens for _, r in plain)}
 
 
 def compare(target: Target, args, meta: dict, out: Path) -> None:
@@ -152,7 +100,7 @@ def main() -> None:
     parser.add_argument(
         "--methods", default=",".join(DEFAULT_METHODS).replace(",", ";"), help="';'-separated"
     )
-    parser.add_argument("--prompts", default="configs/prompts/runtime-bench.jsonl")
+    parser.add_argument("--prompts", default="configs/prompts/runtime-bench.jsonl", help="speedup: the file")
     parser.add_argument("--num-prompts", type=int, default=24)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -174,30 +122,9 @@ def main() -> None:
             print(f"| {r['nodes']} | {r['ms']:.1f} | {r['vs_1']:.2f} |")
         (out / "verify_cost.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
         return
-    if args.what == "compare":
-        compare(target, args, meta, out)
-        return
-    texts = read_prompts_file(args.prompts)[: args.num_prompts]
-    prompts = [target.encode(t) for t in texts]
-    result = speedup(target, args.methods.split(";"), prompts, args.max_new_tokens)
-    print(
-        "| method | tok/s | speedup (sum) | median per-prompt speedup | tau | acceptance per position "
-        "| draft fwd/token | greedy identical |"
-    )
-    print("|---|---:|---:|---:|---:|---|---:|---|")
-    for r in result["summary"]:
-        cells = [
-            r["method"],
-            f"{r['tokens_per_s']:.1f}",
-            f"{r['speedup']:.2f}",
-            f"{r['median_prompt_speedup']:.2f}",
-            f"{r['mean_accepted']:.2f}",
-            str(r["accept_rate_per_position"]),
-            f"{r['draft_forwards_per_token']:.2f}",
-            str(r["greedy_identical"]),
-        ]
-        print("| " + " | ".join(cells) + " |")
-    (out / "speedup.json").write_text(json.dumps({**meta, **result, "prompts": len(prompts)}, indent=1))
+    if args.what == "speedup":
+        args.prompt_set, args.temperatures = f"jsonl:{args.prompts}", "0"
+    compare(target, args, meta, out)
 
 
 if __name__ == "__main__":

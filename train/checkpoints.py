@@ -16,8 +16,10 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
+from draftsmith.runtime.artifacts import content_hash
 from draftsmith.runtime.config import atomic_write_text
 from draftsmith.runtime.errors import BadInputError
 
@@ -92,10 +94,6 @@ def check_resume(state: dict, world_size: int, data_hash: str, cfg) -> None:
 
 def cfg_fingerprint(cfg) -> str:
     """Hash of what shapes the head and the loss (not step counts, logging or paths)."""
-    from dataclasses import asdict
-
-    from draftsmith.runtime.artifacts import content_hash
-
     loop = {
         k: v for k, v in asdict(cfg.train).items() if k not in ("max_steps",) and not k.startswith("allow")
     }

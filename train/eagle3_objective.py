@@ -45,12 +45,21 @@ class TTTBatch:
 class TTTOutput:
     loss: torch.Tensor  # scalar: sum_k decay**k * loss_k
     step_losses: torch.Tensor  # [K]
-    accuracy: torch.Tensor  # [K] share of counted positions where the head's argmax = the target's
+    correct: torch.Tensor  # [K] counted positions where the head's argmax = the target's
     counted: torch.Tensor  # [K] positions counted per step
 
     @property
+    def accuracy(self) -> torch.Tensor:  # [K]
+        return self.correct / self.counted.clamp(min=1)
+
+    @property
     def simulated_tau(self) -> float:
-        return 1.0 + float(torch.cumprod(self.accuracy, dim=0).sum())
+        return simulated_tau(self.accuracy)
+
+
+def simulated_tau(accuracy) -> float:
+    """1 + sum_k prod_{j<=k} acc_j: a chain's expected accepted length if step accuracies were independent."""
+    return 1.0 + float(torch.cumprod(torch.as_tensor(accuracy, dtype=torch.float64), dim=0).sum())
 
 
 def step_mask(length: int, step: int, device) -> torch.Tensor:
@@ -107,10 +116,9 @@ def unroll(head: Eagle3Head, embed, input_ids: torch.Tensor, features: torch.Ten
 def ttt_loss(head: Eagle3Head, embed, batch: TTTBatch, steps: int = 7, decay: float = 0.8) -> TTTOutput:
     ids, length = batch.input_ids, batch.input_ids.shape[1]
     valid = torch.ones_like(ids, dtype=torch.bool) if batch.valid is None else batch.valid
-    losses, accs, counts = [], [], []
-    all_probs, all_in_vocab = draft_targets(
-        head, batch.target_logits
-    )  # [B, T, Vd], [B, T]: once, shifted below
+    losses, corrects, counts = [], [], []
+    # the target's draft-vocab distribution [B, T, Vd] and argmax-in-vocab [B, T]: once, shifted per step
+    all_probs, all_in_vocab = draft_targets(head, batch.target_logits)
     for k, h in enumerate(unroll(head, embed, ids, batch.features, steps)):
         logits = head.draft_logits(h)  # [B, T, Vd]
         # the target's distribution at t+k+1 (over token t+k+2); rows past the end are never counted
@@ -123,10 +131,8 @@ def ttt_loss(head: Eagle3Head, embed, batch: TTTBatch, steps: int = 7, decay: fl
         ce = -(probs * F.log_softmax(logits, dim=-1)).sum(-1)  # [B, T]
         n = counted.sum()
         losses.append((ce * counted).sum() / n.clamp(min=1))
-        accs.append(((logits.argmax(-1) == probs.argmax(-1)) & counted).sum() / n.clamp(min=1))
+        corrects.append(((logits.argmax(-1) == probs.argmax(-1)) & counted).sum())
         counts.append(n)
     step_losses = torch.stack(losses)
     weights = decay ** torch.arange(steps, device=ids.device, dtype=step_losses.dtype)
-    return TTTOutput(
-        (weights * step_losses).sum(), step_losses, torch.stack(accs).detach(), torch.stack(counts)
-    )
+    return TTTOutput((weights * step_losses).sum(), step_losses, torch.stack(corrects), torch.stack(counts))

@@ -36,7 +36,7 @@ from draftsmith.train.checkpoints import (
 )
 from draftsmith.train.data_steps import SampleOrder, TrainRows, ensure_data
 from draftsmith.train.eagle3_data import offline_batch, online_batch
-from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss
+from draftsmith.train.eagle3_objective import TTTBatch, simulated_tau, ttt_loss
 from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_setup
 
 log = logging.getLogger("draftsmith")
@@ -57,10 +57,10 @@ class TTTModel(nn.Module):
         self._embed = [embed]  # a list hides it from nn.Module registration
 
     def forward(self, input_ids, features, target_logits, loss_mask, valid):
+        """-> (weighted TTT loss, correct [K], counted [K])"""
         batch = TTTBatch(input_ids, features, target_logits, loss_mask, valid)
         out = ttt_loss(self.head, self._embed[0], batch, self.steps, self.decay)
-        correct = (out.accuracy * out.counted).detach()
-        return out.loss, out.step_losses.detach(), correct, out.counted
+        return out.loss, out.correct, out.counted
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -266,7 +266,7 @@ class Trainer:
             rows = [self.train_rows[k] for k in rows_at]
             inputs = make_batch(self.target, rows, self.aux, acc.device)
             with acc.accumulate(self.model):
-                loss, _, correct, counted = self.model(**inputs)
+                loss, correct, counted = self.model(**inputs)
                 if not all_finite(acc, loss):
                     ids = [self.train_rows.row_id(k) for k in rows_at]
                     raise NonFiniteError(
@@ -306,7 +306,7 @@ class Trainer:
         for i in range(0, len(mine), cfg.train.batch_size):
             chunk = mine[i : i + cfg.train.batch_size]
             inputs = make_batch(self.target, [self.val_rows[k] for k in chunk], self.aux, acc.device)
-            loss, _, correct, counted = self.model(**inputs)
+            loss, correct, counted = self.model(**inputs)
             sums += torch.cat(
                 [torch.stack([loss * len(chunk), loss.new_tensor(len(chunk))]), correct, counted]
             )
@@ -314,13 +314,12 @@ class Trainer:
         sums = acc.reduce(sums, reduction="sum")
         correct, counted = sums[2 : 2 + steps], sums[2 + steps :]
         accuracy = (correct / counted.clamp(min=1)).tolist()
-        tau = 1.0 + float(torch.cumprod(torch.tensor(accuracy), 0).sum())
         return {
             "kind": "eval",
             "step": self.step,
             "loss": float(sums[0] / sums[1].clamp(min=1)),
             "accuracy_per_step": [round(a, 4) for a in accuracy],
-            "simulated_tau": round(tau, 4),
+            "simulated_tau": round(simulated_tau(accuracy), 4),
             "rows": int(sums[1]),
         }
 
@@ -390,7 +389,7 @@ class Trainer:
             "step": self.step,
             "loss": totals["loss"],  # unrounded: resume tests compare it bitwise
             "accuracy_per_step": [round(a, 4) for a in accuracy],
-            "simulated_tau": round(1.0 + float(torch.cumprod(torch.tensor(accuracy), 0).sum()), 4),
+            "simulated_tau": round(simulated_tau(accuracy), 4),
             "lr": self.scheduler.get_last_lr()[0],
             "grad_norm": round(totals["grad_norm"], 5),
             "tokens_per_s": round(float(tokens) / elapsed, 1),
