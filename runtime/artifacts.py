@@ -104,3 +104,39 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# ---- head files ----------------------------------------------------------------------------------------
+
+
+def check_tensors(expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], kind: str) -> None:
+    """Strict: every expected tensor present with its exact shape, nothing extra, floats all finite."""
+    for name in sorted(set(expected) | set(tensors)):
+        if name not in tensors:
+            raise BadInputError(f"tensor {name}", "missing", f"shape {list(expected[name].shape)}")
+        if name not in expected:
+            raise BadInputError(f"tensor {name}", "unexpected", f"only {len(expected)} known {kind} tensors")
+        if tensors[name].shape != expected[name].shape:
+            raise BadInputError(
+                f"tensor {name}", list(tensors[name].shape), f"shape {list(expected[name].shape)}"
+            )
+        if tensors[name].is_floating_point() and not torch.isfinite(tensors[name]).all():
+            raise BadInputError(f"tensor {name}", "non-finite values", "finite weights")
+
+
+def weights_hash(model) -> str:
+    """A cheap identity of a causal LM's weights: blake2b over its final norm and the first and last
+    decoder layers' query and down projections, rounded to bfloat16 (so a float32 and a bfloat16 load of
+    one checkpoint agree). Two fine-tunes of one base, or a co-trained target and its original, differ."""
+    decoder = model.model if hasattr(model, "model") else model
+    layers = decoder.layers
+    parts = [
+        decoder.norm.weight,
+        layers[0].self_attn.q_proj.weight,
+        layers[-1].self_attn.q_proj.weight,
+        layers[-1].mlp.down_proj.weight,
+    ]
+    digest = hashlib.blake2b(digest_size=8)
+    for t in parts:
+        digest.update(t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()

@@ -21,8 +21,8 @@ from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 DRAFT_HELP = (
     "none (plain decoding), ngram (prompt lookup), self:layers=N (the target's first N layers), "
-    "model:TARGET (a draft LM sharing the tokenizer), eagle3:DIR (an EAGLE-3 head folder); mtp:DIR arrives "
-    "with the MTP issue"
+    "model:TARGET (a draft LM sharing the tokenizer), eagle3:DIR (an EAGLE-3 head folder), mtp:DIR (MTP "
+    "modules; tree depth <= modules, or mtp:DIR#recursive to reuse the last module deeper)"
 )
 TREE_HELP = (
     "chain:K, static:NAME (binary-3, wide-4, deep-6) or static:JSON (paths of child ranks or parent ids), "

@@ -17,8 +17,9 @@ reach it as the head of the next `contexts`. Draft specs (ARCHITECTURE.md sectio
     ngram           prompt lookup in the context (no model)
     self:layers=N   the target's first N layers + its final norm and LM head (self-speculation)
     model:TARGET    a standalone draft LM sharing the target's tokenizer (alias, folder, Hub id, .gguf)
-    eagle3:DIR      an EAGLE-3 head folder (runtime/eagle3.py; training arrives with the EAGLE-3 issue)
-    mtp:DIR         MTP head (arrives with the MTP issue)
+    eagle3:DIR      an EAGLE-3 head folder (runtime/eagle3.py, trained by draftsmith.train)
+    mtp:DIR         MTP modules (runtime/mtp.py); depth <= modules, or `mtp:DIR#recursive` to let the
+                    last module recurse past them
 
 This registry is the only place that switches on a drafter's name.
 """
@@ -82,8 +83,7 @@ class Drafter:
             self.generators = [self.generators[r] for r in rows]
 
 
-DRAFT_SPECS = ("none", "ngram", "self:layers=N", "model:TARGET", "eagle3:DIR", "mtp:DIR")
-NOT_YET = {"mtp": "the MTP issue"}
+DRAFT_SPECS = ("none", "ngram", "self:layers=N", "model:TARGET", "eagle3:DIR", "mtp:DIR[#recursive]")
 
 
 def build_drafter(
@@ -111,10 +111,15 @@ def build_drafter(
 
         head = load_head(arg, target).to(device=target.device, dtype=target.dtype)
         return Eagle3Drafter(head, target, tree)
-    if kind in NOT_YET and arg:
-        raise BadInputError(
-            "--draft", spec, f"one of {list(DRAFT_SPECS[:5])}", f"{kind} heads arrive with {NOT_YET[kind]}"
-        )
+    if kind == "mtp" and arg:
+        from draftsmith.runtime.mtp import load_head as load_mtp
+        from draftsmith.runtime.mtp_drafter import MtpDrafter
+
+        folder, _, option = arg.partition("#")
+        if option not in ("", "recursive"):
+            raise BadInputError("--draft", spec, "mtp:DIR or mtp:DIR#recursive")
+        head = load_mtp(folder, target).to(device=target.device, dtype=target.dtype)
+        return MtpDrafter(head, target, tree, recursive=option == "recursive")
     raise BadInputError("--draft", spec, f"one of {', '.join(DRAFT_SPECS)}")
 
 

@@ -28,7 +28,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftsmith.runtime.artifacts import atomic_save_file, tokenizer_hash, validate_draft_vocab
+from draftsmith.runtime.artifacts import (
+    atomic_save_file,
+    check_tensors,
+    tokenizer_hash,
+    validate_draft_vocab,
+)
 from draftsmith.runtime.aux_layers import default_aux_layers
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.kv_cache import KVCache
@@ -272,17 +277,7 @@ def load_head(folder: str | Path, target=None) -> Eagle3Head:
     head = Eagle3Head(config)
     expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     tensors = load_file(str(folder / WEIGHTS_FILE))
-    for name in sorted(set(expected) | set(tensors)):
-        if name not in tensors:
-            raise BadInputError(f"tensor {name}", "missing", f"shape {list(expected[name].shape)}")
-        if name not in expected:
-            raise BadInputError(f"tensor {name}", "unexpected", f"only {len(expected)} known EAGLE-3 tensors")
-        if tensors[name].shape != expected[name].shape:
-            raise BadInputError(
-                f"tensor {name}", list(tensors[name].shape), f"shape {list(expected[name].shape)}"
-            )
-        if tensors[name].is_floating_point() and not torch.isfinite(tensors[name]).all():
-            raise BadInputError(f"tensor {name}", "non-finite values", "finite weights")
+    check_tensors(expected, tensors, "EAGLE-3")
     head.load_state_dict(tensors, strict=False)
     validate_draft_vocab(head.d2t, head.t2d, config.vocab_size, config.draft_vocab_size)
     return head.eval()

@@ -1,0 +1,177 @@
+"""`--draft mtp:DIR`: drafting with MTP modules on the target's own last hidden state.
+
+    drafter = MtpDrafter(load_head("runs/mtp/final", target), target, parse_tree_spec("chain:3"))
+    drafter = MtpDrafter(head, target, parse_tree_spec("chain:5"), recursive=True)   # `mtp:DIR#recursive`
+
+Depth d of the draft tree is proposed by module d (stacked, as trained): module m runs at the root's
+position n-1 on (the depth-m node's token, the output of module m-1 at its parent), attending to its own
+cache of committed positions t <= n-1-m, exactly the mask it was trained with (`mtp.module_mask`).
+Each module keeps its own KV cache; before its first draft level in a cycle it catches up on the
+committed positions it has not seen, fed by the outputs module m-1 produced there (kept in a buffer).
+
+Past the last module (only with recursion allowed), the last module is applied again one position
+further per depth, its input feature being its own output at the parent, like an EAGLE head; it then
+also sees the slots of its ancestors that it forwarded this cycle. On commit every module drops its
+draft slots: the accepted tokens come back next cycle with the target's real features.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.runtime.drafting import Drafter
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates
+from draftsmith.runtime.mtp import MtpHead
+from draftsmith.runtime.target import Target
+from draftsmith.runtime.tree import TreeSpec
+
+
+class MtpDrafter(LMDrafter):
+    def __init__(
+        self, head: MtpHead, target: Target, tree: TreeSpec, recursive: bool = False, children: str = "auto"
+    ):
+        super().__init__(target, tree, children=children)
+        modules = head.config.num_modules
+        if tree.max_depth > modules and not recursive:
+            raise BadInputError(
+                "--tree",
+                f"depth {tree.max_depth}",
+                f"depth <= {modules} (the MTP modules this head has)",
+                "or let the last module recurse: --draft mtp:DIR#recursive",
+            )
+        self.head, self.recursive = head, recursive
+        self.name = "mtp"
+        self.capture_layers = (target.num_layers - 1,)  # the last decoder output, normed by the head
+
+    def start(self, prompts, params, generators, features=None) -> None:
+        Drafter.start(self, prompts, params, generators, features)
+        if features is None or len(features) != len(prompts):
+            raise ValueError("the MTP drafter needs the target's prompt features (capture_layers)")
+        self.sample = self.samples_children(params)
+        modules, capacity = self.head.config.num_modules, self.capacity(prompts)
+        self.caches = [self.head.new_cache(len(prompts), capacity) for _ in range(modules)]
+        self.cached = [[0] * len(prompts) for _ in range(modules)]  # positions each module has cached
+        # feats[m][b]: module m's input features [k, H] at positions cached[m][b] .. + k - 1
+        self.feats = [[self._target_feature(f) for f in features]] + [
+            [f.new_zeros(0, self.head.config.hidden_size, dtype=self.model.dtype) for f in features]
+            for _ in range(modules - 1)
+        ]
+
+    def _target_feature(self, feature: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.head.target_feature(self.model, feature.to(self.model.device))
+
+    # ---- committed positions --------------------------------------------------------------------------
+    def _catch_up(self, module: int, contexts: list[list[int]]) -> torch.Tensor | None:
+        """Forward module m on the committed positions it has not cached (t <= n-1-m) -> outputs
+        [B, W, H] (None when there is nothing to do); they feed module m+1."""
+        roots = [len(ctx) - 1 for ctx in contexts]
+        counts = [max(0, n - module - seen) for n, seen in zip(roots, self.cached[module], strict=True)]
+        cache, width = self.caches[module], max(counts)
+        self.draft_start[module] = cache.length + width
+        if width == 0:
+            return None
+        device, hidden = self.model.device, self.head.config.hidden_size
+        ids = torch.zeros(len(contexts), width, dtype=torch.long)
+        feats = torch.zeros(len(contexts), width, hidden, dtype=self.model.dtype, device=device)
+        valid = torch.zeros(len(contexts), width, dtype=torch.bool)
+        for b, (ctx, seen, n) in enumerate(zip(contexts, self.cached[module], counts, strict=True)):
+            ids[b, :n] = torch.tensor(ctx[seen + module + 1 : seen + module + 1 + n])  # tokens t+m+1
+            feats[b, :n] = self.feats[module][b][:n]
+            self.feats[module][b] = self.feats[module][b][n:]
+            valid[b, :n] = True
+        positions = torch.tensor(self.cached[module])[:, None] + torch.arange(width)  # [B, W]
+        h = self.head(
+            module, self.model.embed(ids.to(device)), feats, positions.to(device), cache, valid.to(device)
+        )
+        self.forwards += 1
+        if module + 1 < len(self.caches):
+            for b, n in enumerate(counts):
+                self.feats[module + 1][b] = torch.cat([self.feats[module + 1][b], h[b, :n]])
+        self.cached[module] = [seen + n for seen, n in zip(self.cached[module], counts, strict=True)]
+        self.catch_up_counts = counts
+        return h
+
+    @torch.inference_mode()
+    def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        modules = len(self.caches)
+        self.draft_start = [None] * modules
+        self.drafted = [0] * modules  # draft slots each module holds this cycle
+        self.node_slot = [[{} for _ in contexts] for _ in range(modules)]  # per module: node -> slot
+        self.hidden = [{} for _ in contexts]  # per row: node -> output of the forward it was input to
+        self.contexts = contexts
+        h = self._catch_up(0, contexts)  # every row has >= 1 new pair (the root's)
+        batch, device = len(contexts), self.model.device
+        last = torch.tensor(self.catch_up_counts, device=device) - 1
+        self.root_hidden = h[torch.arange(batch, device=device), last]  # [B, H] = h_1 at n-1
+        root_pos = [len(ctx) - 2 for ctx in contexts]  # n - 1
+        return self.head.logits(self.model, 0, self.root_hidden), root_pos
+
+    # ---- draft levels ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _forward_level(
+        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, root_pos: list[int]
+    ):
+        module = min(depth, len(self.caches) - 1)
+        if self.draft_start[module] is None:
+            self._catch_up(module, self.contexts)
+        device = self.model.device
+        ids = torch.tensor(
+            [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
+        )
+        feature = torch.stack(
+            [
+                torch.stack(
+                    [
+                        self.root_hidden[b] if row.parents[n] == 0 else self.hidden[b][row.parents[n]]
+                        for n in nodes
+                    ]
+                )
+                for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True))
+            ]
+        )  # [B, F, H]
+        positions = torch.tensor(root_pos)[:, None] + (depth - module) + torch.zeros_like(ids)  # [B, F]
+        h = self.head(
+            module,
+            self.model.embed(ids.to(device)),
+            feature,
+            positions.to(device),
+            self.caches[module],
+            tree_mask=self._module_mask(module, rows, frontier).to(device),
+        )
+        self.forwards += 1
+        for b, nodes in enumerate(frontier):
+            for j, node in enumerate(nodes):
+                self.hidden[b][node] = h[b, j]
+        return self.head.logits(self.model, module, h)
+
+    def _module_mask(self, module: int, rows: list[_Candidates], frontier: list[list[int]]) -> torch.Tensor:
+        """[B, F, D + F] over this module's draft slots: a node sees its ancestors that this module
+        forwarded this cycle (only when recursing) and itself; committed slots come from the cache."""
+        done, count = self.drafted[module], len(frontier[0])
+        mask = torch.zeros(len(rows), count, done + count, dtype=torch.bool)
+        for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True)):
+            slots = self.node_slot[module][b]
+            for j, node in enumerate(nodes):
+                slots[node] = done + j
+                for anc in row.ancestors(node)[1:]:
+                    if anc in slots:
+                        mask[b, j, slots[anc]] = True
+                mask[b, j, done + j] = True
+        self.drafted[module] += count
+        return mask
+
+    def commit(self, accepted: list[list[int]], features=None) -> None:
+        for module, cache in enumerate(self.caches):  # drop every draft slot
+            if self.draft_start[module] is not None:
+                cache.crop(self.draft_start[module])
+        self.feats[0] = [self._target_feature(f) for f in features]
+
+    def retain(self, rows: list[int]) -> None:
+        Drafter.retain(self, rows)
+        index = torch.tensor(rows, device=self.model.device)
+        for cache in self.caches:
+            cache.retain(index)
+        self.cached = [[c[r] for r in rows] for c in self.cached]
+        self.feats = [[f[r] for r in rows] for f in self.feats]
