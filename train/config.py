@@ -18,12 +18,28 @@ from draftsmith.runtime.errors import BadInputError
 
 @dataclass
 class HeadConfig:
-    type: Literal["eagle3"] = "eagle3"
-    draft_vocab_size: int = 8192  # rows of the draft LM head (the most frequent supervised tokens)
+    type: Literal["eagle3", "mtp"] = "eagle3"
+    draft_vocab_size: int = 8192  # EAGLE-3: rows of the draft LM head (the most frequent supervised tokens)
     aux_layers: str = "auto"  # auto = (1, L/2-1, L-4), or comma-separated 0-based layer ids
     init_from_target: bool = True  # start lm_head (draft rows) and norm from the target's
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux hidden state before fc
     norm_before_fc: bool = False  # EAGLE-3.1: one RMSNorm over the concatenated aux states before fc
+    num_modules: int = 1  # MTP: depth M, module m predicts token t+m+2 (1..4)
+    labels: Literal["target", "data"] = "target"  # MTP: the target's distributions, or the data's tokens
+
+
+@dataclass
+class CotrainConfig:
+    """MTP only: train the target with its modules, loss = L_next + mtp_weight * sum_m decay**m L_m."""
+
+    enabled: bool = False
+    method: Literal["lora", "full"] = "lora"  # LoRA adapters (peft, merged at export) or every weight
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    freeze_embeddings: bool = True  # keep the embedding and the LM head (tied in SmolLM2) as they were
+    mtp_weight: float = 0.3  # lambda (DeepSeek-V3: 0.3 early in pretraining)
 
 
 @dataclass
@@ -85,6 +101,7 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"  # the target's compute dtype
     head: HeadConfig = field(default_factory=HeadConfig)
+    cotrain: CotrainConfig = field(default_factory=CotrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -126,11 +143,47 @@ class TrainConfig:
             raise BadInputError("train.step_decay", t.step_decay, "a number in (0, 1]")
         if t.weight_decay < 0:
             raise BadInputError("train.weight_decay", t.weight_decay, "a number >= 0")
+        self._validate_mtp()
         if not 0 <= self.data.validation_fraction < 1:
             raise BadInputError(
                 "data.validation_fraction", self.data.validation_fraction, "a number in [0, 1)"
             )
         return self
+
+    def _validate_mtp(self) -> None:
+        from draftsmith.runtime.mtp import MAX_MODULES
+
+        if not 1 <= self.head.num_modules <= MAX_MODULES:
+            raise BadInputError(
+                "head.num_modules", self.head.num_modules, f"an integer in [1, {MAX_MODULES}]"
+            )
+        c = self.cotrain
+        if not c.enabled:
+            return
+        if self.head.type != "mtp":
+            raise BadInputError(
+                "cotrain.enabled", True, "false for head.type=eagle3 (co-training is for MTP)"
+            )
+        if self.data.mode != "online":
+            raise BadInputError(
+                "cotrain.enabled",
+                True,
+                "data.mode=online (captured features come from a frozen target; a co-trained one changes)",
+            )
+        if self.target.endswith(".gguf"):
+            raise BadInputError(
+                "target",
+                self.target,
+                "a trainable checkpoint (a .gguf is a quantized export; co-train the HF one)",
+            )
+        if c.method == "lora" and (c.lora_rank < 1 or c.lora_alpha < 1 or not 0 <= c.lora_dropout < 1):
+            raise BadInputError(
+                "cotrain.lora_rank/lora_alpha/lora_dropout",
+                [c.lora_rank, c.lora_alpha, c.lora_dropout],
+                "rank >= 1, alpha >= 1, dropout in [0, 1)",
+            )
+        if not c.mtp_weight > 0:
+            raise BadInputError("cotrain.mtp_weight", c.mtp_weight, "a number > 0")
 
 
 def load_train_config(path, overrides=()) -> TrainConfig:

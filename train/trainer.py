@@ -23,7 +23,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from draftsmith.runtime.config import save_config
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
@@ -35,8 +34,8 @@ from draftsmith.train.checkpoints import (
     save_checkpoint,
 )
 from draftsmith.train.data_steps import SampleOrder, TrainRows, ensure_data
-from draftsmith.train.eagle3_data import offline_batch, online_batch
-from draftsmith.train.eagle3_objective import TTTBatch, simulated_tau, ttt_loss
+from draftsmith.train.eagle3_objective import simulated_tau
+from draftsmith.train.heads import HEAD_KINDS
 from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_setup
 
 log = logging.getLogger("draftsmith")
@@ -44,23 +43,6 @@ log = logging.getLogger("draftsmith")
 
 class NonFiniteError(DraftsmithError):
     """A non-finite loss or gradient: the run stops and nothing is saved (exit code 1)."""
-
-
-class TTTModel(nn.Module):
-    """The head and its objective as one module, so DDP and DeepSpeed see one forward per micro-batch.
-    The target's embedding is used frozen and is deliberately not a submodule (never trained, sharded
-    or saved)."""
-
-    def __init__(self, head: nn.Module, embed, steps: int, decay: float):
-        super().__init__()
-        self.head, self.steps, self.decay = head, steps, decay
-        self._embed = [embed]  # a list hides it from nn.Module registration
-
-    def forward(self, input_ids, features, target_logits, loss_mask, valid):
-        """-> (weighted TTT loss, correct [K], counted [K])"""
-        batch = TTTBatch(input_ids, features, target_logits, loss_mask, valid)
-        out = ttt_loss(self.head, self._embed[0], batch, self.steps, self.decay)
-        return out.loss, out.correct, out.counted
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -141,40 +123,6 @@ def no_zero3_init(accelerator):
         plugin.set_deepspeed_weakref()
 
 
-def build_head(cfg, target, aux_layers, vocab_dir):
-    from draftsmith.data_recipes.vocab import load_draft_vocab
-    from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-
-    config = Eagle3Config.for_target(
-        target,
-        aux_layers,
-        cfg.head.draft_vocab_size,
-        fc_norm=cfg.head.fc_norm,
-        norm_before_fc=cfg.head.norm_before_fc,
-    )
-    head = Eagle3Head(config)
-    d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, cfg.head.draft_vocab_size)
-    ids = d2t + torch.arange(len(d2t))
-    head.set_draft_vocab(ids)
-    if cfg.head.init_from_target:  # the head's output lives in the target's residual space
-        with torch.no_grad():
-            head.lm_head.weight.copy_(target.model.lm_head.weight[ids].float())
-            head.norm.weight.copy_(target.decoder.norm.weight.float())
-    return head.float()
-
-
-def make_batch(target, rows, aux_layers, device) -> dict:
-    """The model's keyword inputs for one micro-batch (online: the frozen target runs here)."""
-    batch = offline_batch(target, rows) if "aux_hidden" in rows[0] else online_batch(target, rows, aux_layers)
-    return {
-        "input_ids": batch.input_ids.to(device),
-        "features": batch.features.to(device, torch.float32),
-        "target_logits": batch.target_logits.to(device),
-        "loss_mask": batch.loss_mask.to(device),
-        "valid": batch.valid.to(device),
-    }
-
-
 def all_finite(accelerator, value: torch.Tensor) -> bool:
     flag = torch.isfinite(value.detach()).all().float().reshape(1).to(accelerator.device)
     return bool(accelerator.gather(flag).min() > 0)
@@ -217,8 +165,8 @@ class Trainer:
         self.order = SampleOrder(
             len(self.train_rows), t.seed, t.batch_size, t.grad_accum, acc.num_processes, acc.process_index
         )
-        self.head = build_head(cfg, self.target, self.aux, self.paths.vocab)
-        model = TTTModel(self.head, self.target.embed, t.ttt_steps, t.step_decay)
+        self.kind = HEAD_KINDS[cfg.head.type](cfg, self.target, self.aux, self.paths)
+        self.head, model = self.kind.head, self.kind.model
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -230,7 +178,11 @@ class Trainer:
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.scheduler = scheduler
         acc.register_for_checkpointing(scheduler)
+        self.original_val_loss = None  # co-training: the target's validation loss before any update
         self.step = self.resume()
+        if cfg.cotrain.enabled and self.original_val_loss is None:
+            self.original_val_loss = self.target_val_loss()
+            log.info("co-training: the original target's validation loss is %.4f", self.original_val_loss)
         if acc.is_main_process:
             save_config(cfg, self.out / "config.yaml")
             self.metrics = MetricsWriter(self.out, self.step)
@@ -245,6 +197,7 @@ class Trainer:
         state = read_state(done[-1])
         check_resume(state, self.acc.num_processes, self.paths.data_hash, self.cfg)
         self.acc.load_state(str(done[-1]))
+        self.original_val_loss = state.get("original_target_val_loss")
         log.info("resumed from %s (step %d)", done[-1], state["step"])
         return state["step"]
 
@@ -255,6 +208,7 @@ class Trainer:
             "data_hash": self.paths.data_hash,
             "config_hash": cfg_fingerprint(self.cfg),
             "lr": self.scheduler.get_last_lr()[0],
+            "original_target_val_loss": self.original_val_loss,
         }
 
     # ---- one optimizer step ----------------------------------------------------------------------------
@@ -264,7 +218,7 @@ class Trainer:
         for micro in range(cfg.train.grad_accum):
             rows_at = self.order.rows(self.step, micro)
             rows = [self.train_rows[k] for k in rows_at]
-            inputs = make_batch(self.target, rows, self.aux, acc.device)
+            inputs = self.kind.batch(rows, acc.device)
             with acc.accumulate(self.model):
                 loss, correct, counted = self.model(**inputs)
                 if not all_finite(acc, loss):
@@ -300,12 +254,12 @@ class Trainer:
         acc, cfg = self.acc, self.cfg
         n = min(cfg.eval.max_rows, len(self.val_rows))
         mine = list(range(acc.process_index, n, acc.num_processes))
-        steps = cfg.train.ttt_steps
+        steps = self.kind.depth
         sums = torch.zeros(2 + 2 * steps, device=acc.device)  # loss*rows, rows, correct[K], counted[K]
         self.model.eval()
         for i in range(0, len(mine), cfg.train.batch_size):
             chunk = mine[i : i + cfg.train.batch_size]
-            inputs = make_batch(self.target, [self.val_rows[k] for k in chunk], self.aux, acc.device)
+            inputs = self.kind.batch([self.val_rows[k] for k in chunk], acc.device)
             loss, correct, counted = self.model(**inputs)
             sums += torch.cat(
                 [torch.stack([loss * len(chunk), loss.new_tensor(len(chunk))]), correct, counted]
@@ -314,7 +268,7 @@ class Trainer:
         sums = acc.reduce(sums, reduction="sum")
         correct, counted = sums[2 : 2 + steps], sums[2 + steps :]
         accuracy = (correct / counted.clamp(min=1)).tolist()
-        return {
+        row = {
             "kind": "eval",
             "step": self.step,
             "loss": float(sums[0] / sums[1].clamp(min=1)),
@@ -322,6 +276,29 @@ class Trainer:
             "simulated_tau": round(simulated_tau(accuracy), 4),
             "rows": int(sums[1]),
         }
+        if cfg.cotrain.enabled:  # the drift report: is the co-trained target still as good?
+            row["target_val_loss"] = round(self.target_val_loss(), 5)
+            row["original_target_val_loss"] = round(self.original_val_loss, 5)
+            row["target_val_loss_drift"] = round(row["target_val_loss"] - row["original_target_val_loss"], 5)
+        return row
+
+    @torch.no_grad()
+    def target_val_loss(self) -> float:
+        """The target's next-token loss on the validation rows (each process scores its share)."""
+        from draftsmith.train.cotrain import target_val_loss
+
+        acc, cfg = self.acc, self.cfg
+        n = min(cfg.eval.max_rows, len(self.val_rows))
+        mine = list(range(acc.process_index, n, acc.num_processes))
+        size = cfg.train.batch_size
+        batches = [
+            self.kind.batch([self.val_rows[k] for k in mine[i : i + size]], acc.device)
+            for i in range(0, len(mine), size)
+        ]
+        tokens = sum(int(b["valid"].sum()) for b in batches)
+        sums = torch.tensor([target_val_loss(self.target, batches) * tokens, tokens], device=acc.device)
+        sums = acc.reduce(sums, reduction="sum")
+        return float(sums[0] / sums[1].clamp(min=1))
 
     # ---- the run ---------------------------------------------------------------------------------------
     def log_row(self, row: dict) -> None:
@@ -397,22 +374,15 @@ class Trainer:
         }
 
     def finish(self) -> None:
-        from draftsmith.runtime.eagle3 import save_head
-
         acc = self.acc
         acc.wait_for_everyone()
         state = acc.get_state_dict(self.model)  # gathers ZeRO-3 shards on the main process
         if acc.is_main_process:
-            head = self.head.__class__(self.head.config)
-            result = head.load_state_dict(
-                {k.removeprefix("head."): v for k, v in state.items()}, strict=False
-            )
-            missing = [k for k in result.missing_keys if not k.startswith("rotary.")]
-            if missing or result.unexpected_keys:
-                raise DraftsmithError(f"final head: missing {missing}, unexpected {result.unexpected_keys}")
-            save_head(head, self.out / "final")
+            final = self.out / "final"
+            self.kind.save_final(state, final)
             plot_curves(self.metrics.path, self.out / "training_curve.png")
-            log.info("final head: %s (use it with --draft eagle3:%s)", self.out / "final", self.out / "final")
+            spec = f"{self.cfg.head.type}:{final}"
+            log.info("final head: %s (use it with --draft %s)", final, spec)
         acc.end_training()
 
 

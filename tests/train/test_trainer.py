@@ -14,6 +14,7 @@ from train_data import tiny_train_overrides, write_conversations
 
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.errors import BadInputError
+from draftsmith.train import heads as heads_module
 from draftsmith.train import trainer as trainer_module
 from draftsmith.train.checkpoints import check_resume, finished_checkpoints
 from draftsmith.train.config import load_train_config
@@ -165,7 +166,7 @@ def test_resume_in_a_new_process_is_exact(tiny_dir, source, data_dir, tmp_path, 
 def test_nan_batch_stops_the_run_and_saves_nothing_after(
     tiny_dir, source, data_dir, tmp_path, monkeypatch, precision
 ):
-    real = trainer_module.make_batch
+    real = heads_module.make_batch
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -175,7 +176,7 @@ def test_nan_batch_stops_the_run_and_saves_nothing_after(
             batch["features"][0, 1, 0] = float("nan")
         return batch
 
-    monkeypatch.setattr(trainer_module, "make_batch", poisoned)
+    monkeypatch.setattr(heads_module, "make_batch", poisoned)
     out = tmp_path / "nan"
     with pytest.raises(NonFiniteError, match=r"non-finite loss at step 3, micro-batch 0, rank 0, rows \['"):
         train(

@@ -1,0 +1,117 @@
+"""Co-training the target with its MTP modules: full fine-tuning or LoRA adapters (peft), and the drift
+report that keeps a faster but worse target from shipping.
+
+    peft_model = make_trainable(target, cfg.cotrain)   # LoRA adapters injected in place, or all weights
+    loss = target_val_loss(target, rows)               # the target's CE on held-out rows (drift report)
+    save_cotrained_target(target, peft_model, folder)  # adapters merged, an HF folder + tokenizer
+
+Only ModelOpt co-trains a target with its draft (`eagle_freeze_base_model=False`), and none with LoRA
+(mission_anchors.md, co-training row); DeepSeek-V3 trained its MTP module jointly during pretraining.
+LoRA adapters are injected into the target's own modules, so `Target.forward`, `Target.embed` and the
+MTP modules see the adapted weights without any other change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from draftsmith.runtime.errors import BadInputError
+
+log = logging.getLogger("draftsmith")
+
+
+def check_trainable(target) -> None:
+    """A quantized target (bitsandbytes, GPTQ, ...) cannot be fine-tuned in full here."""
+    quantized = getattr(target.model.config, "quantization_config", None) is not None
+    frozen_dtypes = {p.dtype for p in target.model.parameters() if not p.is_floating_point()}
+    if quantized or frozen_dtypes:
+        raise BadInputError(
+            "cotrain.method",
+            "full",
+            "float weights (this target is quantized): use cotrain.method=lora or the float checkpoint",
+        )
+
+
+def make_trainable(target, cotrain):
+    """Unfreeze the target as `cotrain` says; returns the peft model for LoRA (None for full)."""
+    model = target.model
+    model.requires_grad_(False)
+    peft_model = None
+    if cotrain.method == "full":
+        check_trainable(target)
+        model.requires_grad_(True)
+    else:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError:
+            raise BadInputError(
+                "cotrain.method", "lora", "peft installed (pip install 'draftsmith[train]')"
+            ) from None
+        modules = [m.strip() for m in cotrain.lora_target_modules.split(",") if m.strip()]
+        config = LoraConfig(
+            r=cotrain.lora_rank,
+            lora_alpha=cotrain.lora_alpha,
+            lora_dropout=cotrain.lora_dropout,
+            target_modules=modules,
+            bias="none",
+        )
+        try:
+            peft_model = get_peft_model(model, config)  # injects adapters into `model` in place
+        except ValueError as err:
+            raise BadInputError(
+                "cotrain.lora_target_modules", modules, "module names of the target", str(err)
+            ) from None
+    if cotrain.freeze_embeddings:  # the embedding and the LM head (tied in many small models)
+        model.get_input_embeddings().requires_grad_(False)
+        model.get_output_embeddings().requires_grad_(False)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    log.info(
+        "co-training the target (%s): %.2fM of %.1fM parameters train",
+        cotrain.method,
+        trainable / 1e6,
+        total / 1e6,
+    )
+    return peft_model
+
+
+def target_hidden(target, input_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The target's last hidden state after its final norm [B, T, H] (h_0 of the MTP modules), via the
+    model's own forward on a right-padded batch."""
+    out = target.decoder(input_ids=input_ids, attention_mask=valid.long(), use_cache=False)
+    return out.last_hidden_state
+
+
+@torch.no_grad()
+def target_val_loss(target, batches) -> float:
+    """Mean next-token CE of the target on held-out batches (dicts with input_ids, loss_mask, valid)."""
+    from draftsmith.train.mtp_objective import next_token_loss, teacher_positions
+
+    total, weight = 0.0, 0
+    for batch in batches:
+        sel = teacher_positions(batch["loss_mask"], batch["valid"])
+        logits = target.lm_head(target_hidden(target, batch["input_ids"], batch["valid"])[sel])
+        n = int(sel.sum())
+        total += float(next_token_loss(logits, batch["input_ids"], sel)) * n
+        weight += n
+    return total / max(weight, 1)
+
+
+def save_cotrained_target(target, peft_model, folder) -> object:
+    """Merge LoRA adapters (if any) and write an HF folder with the tokenizer, atomically (a temporary
+    folder renamed into place); returns the merged model."""
+    folder = Path(folder)
+    model = peft_model.merge_and_unload() if peft_model is not None else target.model
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    target.tokenizer.save_pretrained(str(tmp))
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return model

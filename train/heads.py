@@ -1,0 +1,180 @@
+"""What the training loop needs to know about each head type, in one place: `HEAD_KINDS[cfg.head.type]`.
+
+    kind = HEAD_KINDS["mtp"](cfg, target, aux_layers, paths)
+    kind.model          # the nn.Module Accelerate prepares: forward(**kind.batch(rows, device)) ->
+                        #   (loss, correct [D], counted [D]) with D = kind.depth accuracy slots
+    kind.save_final(state_dict, folder)   # the head a `--draft` spec loads (and a co-trained target)
+
+EAGLE-3: the training-time test over `train.ttt_steps` steps (`eagle3_objective`). MTP: `head.num_modules`
+modules (`mtp_objective`), the target frozen or co-trained (`cotrain`). The target's embedding (and, for
+MTP, its LM head) are used by the objectives but belong to the model only when the target co-trains, so
+DDP and DeepSpeed never see frozen weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from draftsmith.runtime.errors import DraftsmithError
+from draftsmith.train.eagle3_data import _pad, offline_batch, online_batch
+from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss
+
+
+def load_partial(module: nn.Module, state: dict, prefix: str) -> nn.Module:
+    """Load the `prefix.*` entries of a gathered state dict into `module` (derived buffers may be absent)."""
+    result = module.load_state_dict(
+        {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}, strict=False
+    )
+    missing = [k for k in result.missing_keys if not k.startswith("rotary.")]
+    if missing or result.unexpected_keys:
+        raise DraftsmithError(f"final head: missing {missing}, unexpected {result.unexpected_keys}")
+    return module
+
+
+# ---- EAGLE-3 ------------------------------------------------------------------------------------------
+class TTTModel(nn.Module):
+    """The head and its objective as one module, so DDP and DeepSpeed see one forward per micro-batch.
+    The target's embedding is used frozen and is deliberately not a submodule (never trained, sharded
+    or saved)."""
+
+    def __init__(self, head: nn.Module, embed, steps: int, decay: float):
+        super().__init__()
+        self.head, self.steps, self.decay = head, steps, decay
+        self._embed = [embed]  # a list hides it from nn.Module registration
+
+    def forward(self, input_ids, features, target_logits, loss_mask, valid):
+        """-> (weighted TTT loss, correct [K], counted [K])"""
+        batch = TTTBatch(input_ids, features, target_logits, loss_mask, valid)
+        out = ttt_loss(self.head, self._embed[0], batch, self.steps, self.decay)
+        return out.loss, out.correct, out.counted
+
+
+def build_eagle3_head(cfg, target, aux_layers, vocab_dir):
+    from draftsmith.data_recipes.vocab import load_draft_vocab
+    from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
+
+    config = Eagle3Config.for_target(
+        target,
+        aux_layers,
+        cfg.head.draft_vocab_size,
+        fc_norm=cfg.head.fc_norm,
+        norm_before_fc=cfg.head.norm_before_fc,
+    )
+    head = Eagle3Head(config)
+    d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, cfg.head.draft_vocab_size)
+    ids = d2t + torch.arange(len(d2t))
+    head.set_draft_vocab(ids)
+    if cfg.head.init_from_target:  # the head's output lives in the target's residual space
+        with torch.no_grad():
+            head.lm_head.weight.copy_(target.model.lm_head.weight[ids].float())
+            head.norm.weight.copy_(target.decoder.norm.weight.float())
+    return head.float()
+
+
+def make_batch(target, rows, aux_layers, device) -> dict:
+    """The EAGLE-3 model's keyword inputs for one micro-batch (online: the frozen target runs here)."""
+    batch = offline_batch(target, rows) if "aux_hidden" in rows[0] else online_batch(target, rows, aux_layers)
+    return {
+        "input_ids": batch.input_ids.to(device),
+        "features": batch.features.to(device, torch.float32),
+        "target_logits": batch.target_logits.to(device),
+        "loss_mask": batch.loss_mask.to(device),
+        "valid": batch.valid.to(device),
+    }
+
+
+class Eagle3Kind:
+    def __init__(self, cfg, target, aux_layers, paths):
+        self.target, self.aux = target, aux_layers
+        self.head = build_eagle3_head(cfg, target, aux_layers, paths.vocab)
+        self.model = TTTModel(self.head, target.embed, cfg.train.ttt_steps, cfg.train.step_decay)
+        self.depth = cfg.train.ttt_steps
+
+    def batch(self, rows, device) -> dict:
+        return make_batch(self.target, rows, self.aux, device)
+
+    def save_final(self, state: dict, folder) -> None:
+        from draftsmith.runtime.eagle3 import save_head
+
+        save_head(load_partial(self.head.__class__(self.head.config), state, "head."), folder)
+
+
+# ---- MTP ----------------------------------------------------------------------------------------------
+class MtpModel(nn.Module):
+    """MTP modules + objective; the target's model is a submodule only when it co-trains."""
+
+    def __init__(self, head, target, labels: str, decay: float, cotrain_weight: float | None):
+        super().__init__()
+        self.head, self.labels, self.decay, self.cotrain_weight = head, labels, decay, cotrain_weight
+        self._target = [target]
+        if cotrain_weight is not None:
+            self.target_model = target.model  # trained (full or LoRA): DDP / DeepSpeed must see it
+
+    def forward(self, input_ids, loss_mask, valid, last_hidden=None):
+        """-> (loss, correct [M], counted [M]); online runs the target here (with grad when co-training)."""
+        from draftsmith.train.cotrain import target_hidden
+        from draftsmith.train.mtp_objective import mtp_loss, next_token_loss, teacher_positions
+
+        target = self._target[0]
+        cotrain = self.cotrain_weight is not None
+        with torch.set_grad_enabled(cotrain and torch.is_grad_enabled()):
+            if last_hidden is None:
+                h0 = target_hidden(target, input_ids, valid)  # [B, T, H] after the final norm
+            else:  # offline: the captured pre-norm last hidden state
+                h0 = target.final_norm(last_hidden.to(target.dtype))
+            sel = teacher_positions(loss_mask, valid)  # [B, T]
+            logits = target.lm_head(h0[sel])  # [N, V] only where some loss reads them
+        out = mtp_loss(self.head, target, input_ids, h0, logits, loss_mask, valid, self.labels, self.decay)
+        loss = out.loss
+        if cotrain:
+            loss = next_token_loss(logits, input_ids, sel) + self.cotrain_weight * loss
+        return loss, out.correct, out.counted
+
+
+class MtpKind:
+    def __init__(self, cfg, target, aux_layers, paths):
+        from draftsmith.runtime.mtp import MtpConfig, MtpHead
+        from draftsmith.train.cotrain import make_trainable
+
+        self.target, self.cfg = target, cfg
+        cotrain = cfg.cotrain.enabled
+        self.peft_model = make_trainable(target, cfg.cotrain) if cotrain else None
+        config = MtpConfig.for_target(target, cfg.head.num_modules, cotrained=cotrain)
+        self.head = MtpHead(config)
+        if cfg.head.init_from_target:
+            self.head.init_from_target(target)
+        self.head.float()
+        weight = cfg.cotrain.mtp_weight if cotrain else None
+        self.model = MtpModel(self.head, target, cfg.head.labels, cfg.train.step_decay, weight)
+        self.depth = cfg.head.num_modules
+
+    def batch(self, rows, device) -> dict:
+        valid = _pad([torch.ones(len(r["input_ids"]), dtype=torch.bool) for r in rows], False)
+        out = {
+            "input_ids": _pad([torch.as_tensor(r["input_ids"]).long() for r in rows]).to(device),
+            "loss_mask": _pad([torch.as_tensor(r["loss_mask"]).long() for r in rows]).to(device),
+            "valid": valid.to(device),
+        }
+        if "last_hidden" in rows[0]:  # offline rows (capture shards)
+            out["last_hidden"] = _pad([r["last_hidden"] for r in rows]).to(device, self.target.dtype)
+        return out
+
+    def save_final(self, state: dict, folder) -> None:
+        """The modules to `folder`; a co-trained target (adapters merged) to `folder/target` first, so
+        the head records the weights it must be served with."""
+        from pathlib import Path
+
+        from draftsmith.runtime.artifacts import weights_hash
+        from draftsmith.runtime.mtp import save_head
+        from draftsmith.train.cotrain import save_cotrained_target
+
+        head = load_partial(self.head.__class__(self.head.config), state, "head.")
+        if self.cfg.cotrain.enabled:
+            merged = save_cotrained_target(self.target, self.peft_model, Path(folder) / "target")
+            head.config.target_weights_hash = weights_hash(merged)
+            head.config.target = str(Path(folder) / "target")
+        save_head(head, folder)
+
+
+HEAD_KINDS = {"eagle3": Eagle3Kind, "mtp": MtpKind}
