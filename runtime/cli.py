@@ -179,15 +179,18 @@ def add_train(sub) -> None:
         help="train a draft head from a YAML config (data steps included, resumable)",
         formatter_class=Formatter,
         description=(
-            "Train an EAGLE-3 head for a target. The config names the target, the data recipe, the head and\n"
-            "the loop; the data steps it needs (prepare, vocab, capture in offline mode) run first or are\n"
-            "reused from ~/.cache/draftsmith/data. A run writes OUT/metrics.jsonl, OUT/config.yaml,\n"
+            "Train an EAGLE-3 head or MTP modules (head.type) for a target, MTP with the target frozen or\n"
+            "co-trained (cotrain.enabled, LoRA or full). The config names the target, the data recipe, the\n"
+            "head and the loop; the data steps it needs (prepare, vocab, capture in offline mode) run first\n"
+            "or are reused from ~/.cache/draftsmith/data. A run writes OUT/metrics.jsonl, OUT/config.yaml,\n"
             "OUT/checkpoints/step-N/ (atomic, rotated; a rerun resumes from the newest), OUT/final/ (the\n"
-            "head: --draft eagle3:OUT/final) and OUT/training_curve.png (OUT = output_dir).\n"
+            "head: --draft eagle3:OUT/final or mtp:OUT/final; a co-trained target in OUT/final/target) and\n"
+            "OUT/training_curve.png (OUT = output_dir).\n"
             "Several processes (configs: ddp-cpu, ddp-gpu, fsdp-gpu, deepspeed-zero2, deepspeed-zero3):\n"
             "  accelerate launch --config_file configs/accelerate/X.yaml -m draftsmith.train --config ...\n\n"
             "examples:\n"
             "  draftsmith train --config configs/eagle3-smollm2-135m.yaml\n"
+            "  draftsmith train --config configs/mtp-cotrain-lora-smollm2-135m.yaml\n"
             "  draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 \\\n"
             "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb"
         ),

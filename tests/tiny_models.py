@@ -75,3 +75,12 @@ def make_tiny_dir(path: Path, model_type: str = "llama", max_positions: int = 25
     model.save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+def random_prompts(n: int, seed: int = 0) -> list[list[int]]:
+    """n prompts of 2..11 random word ids of the tiny vocabulary."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(6, 100, (int(k),), generator=g).tolist()
+        for k in torch.randint(2, 12, (n,), generator=g)
+    ]

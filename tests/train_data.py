@@ -31,3 +31,25 @@ def tiny_train_overrides(source: Path, data_dir: Path) -> list[str]:
         "head.draft_vocab_size=64",
         "log.progress=false",
     ]
+
+
+def run_overrides(tiny_dir, source: Path, data_dir: Path, out: Path, *extra: str) -> list[str]:
+    """A 6-step run on the tiny target: evaluation every 3 steps, a checkpoint every 2, a row per step."""
+    return [
+        f"target={tiny_dir}",
+        f"output_dir={out}",
+        *tiny_train_overrides(source, data_dir),
+        "train.max_steps=6",
+        "train.batch_size=2",
+        "train.warmup_steps=2",
+        "eval.every=3",
+        "eval.max_rows=4",
+        "checkpoint.every=2",
+        "log.every=1",
+        *extra,
+    ]
+
+
+def read_metrics(out: Path, kind: str = "train") -> list[dict]:
+    rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]

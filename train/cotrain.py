@@ -25,6 +25,23 @@ from draftsmith.runtime.errors import BadInputError
 log = logging.getLogger("draftsmith")
 
 
+def check_strategy(accelerator) -> None:
+    """Co-training writes the target from this process's copy at the end: every weight must be whole
+    here, which DDP and ZeRO-1/2 guarantee and ZeRO-3 / FSDP (sharded parameters) do not."""
+    from accelerate.utils import DistributedType
+
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    sharded = (plugin is not None and plugin.zero_stage == 3) or (
+        accelerator.distributed_type == DistributedType.FSDP
+    )
+    if sharded:
+        raise BadInputError(
+            "cotrain.enabled",
+            "true under ZeRO-3/FSDP",
+            "one process, DDP or DeepSpeed ZeRO-1/2 (sharded co-training is not supported yet)",
+        )
+
+
 def check_trainable(target) -> None:
     """A quantized target (bitsandbytes, GPTQ, ...) cannot be fine-tuned in full here."""
     quantized = getattr(target.model.config, "quantization_config", None) is not None

@@ -63,7 +63,8 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def plot_curves(metrics: Path, out: Path) -> Path | None:
-    """Loss (train and eval) and simulated tau (eval) vs step, as one PNG; None without matplotlib."""
+    """Loss (train and eval), simulated tau (eval) and, for a co-trained target, its validation loss next
+    to the original's, vs step, as one PNG; None without matplotlib."""
     if importlib.util.find_spec("matplotlib") is None:
         log.info("no matplotlib: skipping %s (pip install 'draftsmith[train]')", out)
         return None
@@ -75,15 +76,24 @@ def plot_curves(metrics: Path, out: Path) -> Path | None:
     rows = read_metrics(metrics)
     train = [r for r in rows if r.get("kind") == "train"]
     evals = [r for r in rows if r.get("kind") == "eval"]
-    fig, (ax_loss, ax_tau) = plt.subplots(1, 2, figsize=(10, 3.6))
+    drift = [r for r in evals if "target_val_loss" in r]
+    fig, axes = plt.subplots(1, 3 if drift else 2, figsize=(15 if drift else 10, 3.6))
+    ax_loss, ax_tau = axes[0], axes[1]
     ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
     if evals:
         ax_loss.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label="validation")
         ax_tau.plot([r["step"] for r in evals], [r["simulated_tau"] for r in evals], "o-", color="C2")
-    ax_loss.set(xlabel="step", ylabel="TTT loss (weighted sum over steps)", title="loss")
+    ax_loss.set(xlabel="step", ylabel="loss (weighted sum over steps)", title="loss")
     ax_loss.legend()
     ax_tau.set(xlabel="step", ylabel="tokens per target forward", title="simulated tau (validation)")
-    for ax in (ax_loss, ax_tau):
+    if drift:
+        ax_drift = axes[2]
+        steps = [r["step"] for r in drift]
+        ax_drift.plot(steps, [r["target_val_loss"] for r in drift], "o-", label="co-trained target")
+        ax_drift.plot(steps, [r["original_target_val_loss"] for r in drift], "--", label="original target")
+        ax_drift.set(xlabel="step", ylabel="next-token CE (validation)", title="target drift")
+        ax_drift.legend()
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     tmp = out.with_name(f".{out.name}.tmp.png")

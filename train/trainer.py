@@ -144,6 +144,10 @@ class Trainer:
             logging.getLogger("draftsmith").setLevel(logging.WARNING)
 
         set_seed(cfg.train.seed)
+        if cfg.cotrain.enabled:
+            from draftsmith.train.cotrain import check_strategy
+
+            check_strategy(acc)
         with no_zero3_init(acc):  # the frozen target is never partitioned: every rank needs all of it
             self.target = Target.load(cfg.target, device=str(acc.device), dtype=cfg.dtype)
         self.target.model.requires_grad_(False)
@@ -249,21 +253,24 @@ class Trainer:
         return totals
 
     # ---- evaluation -------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def evaluate(self) -> dict:
+    def val_batches(self):
+        """This process's share of the first `eval.max_rows` validation rows, as model inputs."""
         acc, cfg = self.acc, self.cfg
         n = min(cfg.eval.max_rows, len(self.val_rows))
         mine = list(range(acc.process_index, n, acc.num_processes))
+        for i in range(0, len(mine), cfg.train.batch_size):
+            yield self.kind.batch([self.val_rows[k] for k in mine[i : i + cfg.train.batch_size]], acc.device)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        acc, cfg = self.acc, self.cfg
         steps = self.kind.depth
         sums = torch.zeros(2 + 2 * steps, device=acc.device)  # loss*rows, rows, correct[K], counted[K]
         self.model.eval()
-        for i in range(0, len(mine), cfg.train.batch_size):
-            chunk = mine[i : i + cfg.train.batch_size]
-            inputs = self.kind.batch([self.val_rows[k] for k in chunk], acc.device)
+        for inputs in self.val_batches():
+            rows = inputs["input_ids"].shape[0]
             loss, correct, counted = self.model(**inputs)
-            sums += torch.cat(
-                [torch.stack([loss * len(chunk), loss.new_tensor(len(chunk))]), correct, counted]
-            )
+            sums += torch.cat([torch.stack([loss * rows, loss.new_tensor(rows)]), correct, counted])
         self.model.train()
         sums = acc.reduce(sums, reduction="sum")
         correct, counted = sums[2 : 2 + steps], sums[2 + steps :]
@@ -287,14 +294,8 @@ class Trainer:
         """The target's next-token loss on the validation rows (each process scores its share)."""
         from draftsmith.train.cotrain import target_val_loss
 
-        acc, cfg = self.acc, self.cfg
-        n = min(cfg.eval.max_rows, len(self.val_rows))
-        mine = list(range(acc.process_index, n, acc.num_processes))
-        size = cfg.train.batch_size
-        batches = [
-            self.kind.batch([self.val_rows[k] for k in mine[i : i + size]], acc.device)
-            for i in range(0, len(mine), size)
-        ]
+        acc = self.acc
+        batches = list(self.val_batches())
         tokens = sum(int(b["valid"].sum()) for b in batches)
         sums = torch.tensor([target_val_loss(self.target, batches) * tokens, tokens], device=acc.device)
         sums = acc.reduce(sums, reduction="sum")

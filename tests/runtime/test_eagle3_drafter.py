@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import tiny_model, tiny_tokenizer
+from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head, save_head
@@ -33,15 +33,7 @@ def head(target):
     return Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).eval()
 
 
-def make_prompts(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        torch.randint(6, 100, (int(k),), generator=g).tolist()
-        for k in torch.randint(2, 12, (n,), generator=g)
-    ]
-
-
-PROMPTS = make_prompts(5)
+PROMPTS = random_prompts(5)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import tiny_model, tiny_tokenizer
+from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.engine import generate_plain, prefill_features
@@ -39,15 +39,7 @@ def head1(target):
     return MtpHead(MtpConfig.for_target(target, num_modules=1)).eval()
 
 
-def make_prompts(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        torch.randint(6, 100, (int(k),), generator=g).tolist()
-        for k in torch.randint(2, 12, (n,), generator=g)
-    ]
-
-
-PROMPTS = make_prompts(5)
+PROMPTS = random_prompts(5)
 CASES = [  # (head, tree, recursive)
     ("head3", "chain:1", False),
     ("head3", "chain:3", False),

@@ -102,3 +102,25 @@ def test_resume_continues_and_another_world_size_is_refused(job, finals, launche
     code = main(["train", "--config", str(cfg), f"output_dir={out}", "train.max_steps=8"])  # 1 process
     assert code == 2
     assert "written by 2 processes" in capsys.readouterr().err
+
+
+def test_mtp_lora_cotraining_on_two_processes_matches_one_launcher_to_another(job, tmp_path):
+    """MTP co-training (LoRA): the target is part of the prepared model, so DDP and ZeRO-2 must both
+    train it; the two launchers give the same modules and the same merged target; ZeRO-3 is refused."""
+    pytest.importorskip("peft")
+    root, cfg = job
+    extra = ["head.type=mtp", "head.num_modules=2", "cotrain.enabled=true", "cotrain.lora_rank=4"]
+    outs = {}
+    for launcher in ["ddp-cpu", "deepspeed-zero2"]:
+        outs[launcher] = tmp_path / launcher
+        done = launch(launcher, cfg, f"output_dir={outs[launcher]}", *extra)
+        assert done.returncode == 0, done.stderr[-3000:]
+        evals = [json.loads(r) for r in (outs[launcher] / "metrics.jsonl").read_text().splitlines()]
+        assert all("target_val_loss_drift" in r for r in evals if r["kind"] == "eval")
+    for name in ["model.safetensors", "target/model.safetensors"]:
+        a, b = (load_file(str(outs[k] / "final" / name)) for k in outs)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.allclose(a[key].float(), b[key].float(), rtol=0, atol=1e-5), (name, key)
+    done = launch("deepspeed-zero3", cfg, f"output_dir={tmp_path / 'z3'}", *extra)
+    assert done.returncode == 2 and "ZeRO-3" in done.stderr

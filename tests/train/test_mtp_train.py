@@ -2,11 +2,11 @@
 co-trained with LoRA and in full (drift report, merged target shipped with the modules), exact resume,
 online == offline, refusals (exit code 2). The trained folders load as `mtp:DIR` and decode losslessly."""
 
-import json
+import importlib.util
 
 import pytest
 import torch
-from train_data import tiny_train_overrides, write_conversations
+from train_data import read_metrics, run_overrides
 
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.engine import generate_plain
@@ -21,42 +21,17 @@ from draftsmith.train.config import load_train_config
 from draftsmith.train.trainer import Trainer, train
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    return write_conversations(tmp_path_factory.mktemp("src") / "convs.jsonl")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("data")
-
-
 def overrides(tiny_dir, source, data_dir, out, *extra):
-    return [
-        f"target={tiny_dir}",
-        f"output_dir={out}",
-        *tiny_train_overrides(source, data_dir),
-        "head.type=mtp",
-        "head.num_modules=2",
-        "train.max_steps=6",
-        "train.batch_size=2",
-        "train.warmup_steps=2",
-        "train.lr=0.002",
-        "eval.every=3",
-        "eval.max_rows=4",
-        "checkpoint.every=2",
-        "log.every=1",
-        *extra,
-    ]
+    return run_overrides(
+        tiny_dir, source, data_dir, out, "head.type=mtp", "head.num_modules=2", "train.lr=0.002", *extra
+    )
 
 
 def config(tiny_dir, source, data_dir, out, *extra):
     return load_train_config(None, overrides(tiny_dir, source, data_dir, out, *extra))
 
 
-def metrics(out, kind="train"):
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == kind]
+metrics = read_metrics
 
 
 def decodes_losslessly(target, head_dir, depth=2):
@@ -93,6 +68,8 @@ def test_lora_cotraining_reports_drift_and_ships_the_merged_target(
     out = tmp_path / "lora"
     train(config(tiny_dir, source, data_dir, out, "cotrain.enabled=true", "cotrain.lora_rank=4"))
     evals = metrics(out, "eval")
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "training_curve.png").stat().st_size > 0  # with the drift panel
     for r in evals:
         assert {"target_val_loss", "original_target_val_loss", "target_val_loss_drift"} <= set(r)
         assert r["target_val_loss_drift"] == pytest.approx(

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from train_data import tiny_train_overrides, write_conversations
+from train_data import read_metrics, run_overrides
 
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.errors import BadInputError
@@ -22,40 +22,15 @@ from draftsmith.train.data_steps import SampleOrder
 from draftsmith.train.trainer import NonFiniteError, Trainer, lr_lambda, train
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory):
-    return write_conversations(tmp_path_factory.mktemp("src") / "convs.jsonl")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("data")
-
-
 def overrides(tiny_dir, source, data_dir, out, *extra):
-    return [
-        f"target={tiny_dir}",
-        f"output_dir={out}",
-        *tiny_train_overrides(source, data_dir),
-        "train.max_steps=6",
-        "train.batch_size=2",
-        "train.warmup_steps=2",
-        "train.ttt_steps=3",
-        "eval.every=3",
-        "eval.max_rows=4",
-        "checkpoint.every=2",
-        "log.every=1",
-        *extra,
-    ]
+    return run_overrides(tiny_dir, source, data_dir, out, "train.ttt_steps=3", *extra)
 
 
 def config(tiny_dir, source, data_dir, out, *extra):
     return load_train_config(None, overrides(tiny_dir, source, data_dir, out, *extra))
 
 
-def metrics(out, kind="train"):
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["kind"] == kind]
+metrics = read_metrics
 
 
 def test_run_writes_metrics_checkpoints_and_a_loadable_head(

@@ -1,0 +1,14 @@
+"""Fixtures of the training tests: a conversation file in the tiny vocabulary and a data folder per module."""
+
+import pytest
+from train_data import write_conversations
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return write_conversations(tmp_path_factory.mktemp("src") / "convs.jsonl")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
