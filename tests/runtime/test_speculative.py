@@ -21,6 +21,8 @@ from draftsmith.runtime.drafting import Draft, Drafter, build_drafter
 from draftsmith.runtime.engine import generate_plain, prefill
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.lm_drafter import LMDrafter, load_draft_model
+from draftsmith.runtime.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.mtp_drafter import MtpDrafter
 from draftsmith.runtime.ngram import NgramDrafter
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
 from draftsmith.runtime.speculative import generate_speculative, tree_logits, verify
@@ -329,7 +331,16 @@ DRAFT_MODES = {
     ),
     "dynamic tree": lambda t: LMDrafter(t, parse_tree_spec("dynamic:depth=2,topk=2,tokens=4"), num_layers=1),
     "ngram": lambda t: NgramDrafter(chain(2)),
+    "mtp stacked chain sampled from q": lambda t: MtpDrafter(random_mtp(t, 2), t, chain(2)),
+    "mtp recursive dynamic tree": lambda t: MtpDrafter(
+        random_mtp(t, 1), t, parse_tree_spec("dynamic:depth=2,topk=2,tokens=4"), recursive=True
+    ),
 }
+
+
+def random_mtp(target, modules):
+    torch.manual_seed(modules)
+    return MtpHead(MtpConfig.for_target(target, num_modules=modules)).eval()
 
 
 @pytest.fixture(scope="module")
@@ -389,6 +400,8 @@ def test_model_draft_with_another_tokenizer_is_refused(tmp_path, target):
         ("self:layers=3", "--draft"),
         ("self:depth=2", "--draft"),
         ("medusa:x", "--draft"),
+        ("mtp:/no/such/folder", "mtp head"),
+        ("mtp:/no/such/folder#sideways", "--draft"),
     ],
 )
 def test_bad_draft_specs(target, spec, field):
