@@ -53,3 +53,11 @@ def run_overrides(tiny_dir, source: Path, data_dir: Path, out: Path, *extra: str
 def read_metrics(out: Path, kind: str = "train") -> list[dict]:
     rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r["kind"] == kind]
+
+
+def online_and_offline_losses(make_config, train, tmp_path: Path) -> tuple[list[float], list[float]]:
+    """Train 3 steps online and 3 steps offline (float32 capture shards); the per-step train losses."""
+    runs = {"online": [], "offline": ["data.mode=offline", "data.storage_dtype=float32"]}
+    for name, extra in runs.items():
+        train(make_config(tmp_path / name, "train.max_steps=3", *extra))
+    return tuple([r["loss"] for r in read_metrics(tmp_path / name)] for name in runs)

@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 import torch
-from train_data import read_metrics, run_overrides
+from train_data import online_and_offline_losses, read_metrics, run_overrides
 
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.engine import generate_plain
@@ -147,20 +147,9 @@ def test_cotraining_resume_is_exact(tiny_dir, source, data_dir, tmp_path):
 
 
 def test_offline_mode_matches_online(tiny_dir, source, data_dir, tmp_path):
-    online, offline = tmp_path / "online", tmp_path / "offline"
-    train(config(tiny_dir, source, data_dir, online, "train.max_steps=3"))
-    train(
-        config(
-            tiny_dir,
-            source,
-            data_dir,
-            offline,
-            "train.max_steps=3",
-            "data.mode=offline",
-            "data.storage_dtype=float32",
-        )
+    a, b = online_and_offline_losses(
+        lambda out, *extra: config(tiny_dir, source, data_dir, out, *extra), train, tmp_path
     )
-    a, b = [r["loss"] for r in metrics(online)], [r["loss"] for r in metrics(offline)]
     assert a == pytest.approx(b, rel=1e-4, abs=1e-5)  # batched HF forward vs per-row capture: rounding only
 
 
