@@ -382,8 +382,10 @@ class Trainer:
             final = self.out / "final"
             self.kind.save_final(state, final)
             plot_curves(self.metrics.path, self.out / "training_curve.png")
-            spec = f"{self.cfg.head.type}:{final}"
-            log.info("final head: %s (use it with --draft %s)", final, spec)
+            use = f"--draft {self.cfg.head.type}:{final}"
+            if self.cfg.cotrain.enabled:  # the modules only serve with the target they co-trained
+                use = f"--target {final / 'target'} {use}"
+            log.info("final head: %s (use it with %s)", final, use)
         acc.end_training()
 
 
