@@ -123,4 +123,5 @@ def test_mtp_lora_cotraining_on_two_processes_matches_one_launcher_to_another(jo
         for key in a:
             assert torch.allclose(a[key].float(), b[key].float(), rtol=0, atol=1e-5), (name, key)
     done = launch("deepspeed-zero3", cfg, f"output_dir={tmp_path / 'z3'}", *extra)
-    assert done.returncode == 2 and "ZeRO-3" in done.stderr
+    # each rank exits 2 with the message; the launcher itself then reports a failure (1)
+    assert done.returncode != 0 and "cotrain.enabled: got 'true under ZeRO-3/FSDP'" in done.stderr
