@@ -2,7 +2,7 @@
 report that keeps a faster but worse target from shipping.
 
     peft_model = make_trainable(target, cfg.cotrain)   # LoRA adapters injected in place, or all weights
-    loss = target_val_loss(target, rows)               # the target's CE on held-out rows (drift report)
+    sums = drift_sums(target, peft_model, batches)     # held-out CE; KL and argmax agreement to the original
     save_cotrained_target(target, peft_model, folder)  # adapters merged, an HF folder + tokenizer
 
 Only ModelOpt co-trains a target with its draft (`eagle_freeze_base_model=False`), and none with LoRA
@@ -104,19 +104,37 @@ def target_hidden(target, input_ids: torch.Tensor, valid: torch.Tensor) -> torch
     return out.last_hidden_state
 
 
+def _logits_at(target, batch, sel) -> torch.Tensor:
+    return target.lm_head(target_hidden(target, batch["input_ids"], batch["valid"])[sel]).float()  # [N, V]
+
+
 @torch.no_grad()
-def target_val_loss(target, batches) -> float:
-    """Mean next-token CE of the target on held-out batches (dicts with input_ids, loss_mask, valid)."""
+def drift_sums(target, original, batches) -> torch.Tensor:
+    """Sums over the supervised positions of held-out batches: [CE of the target, positions, KL(original
+    || target), positions where both argmaxes agree]. `original` is a peft model (the target with its
+    LoRA adapters switched off), another Target (the original loaded beside it), or None (full
+    co-training keeps no original: the last two stay 0)."""
     from draftsmith.train.mtp_objective import next_token_loss, teacher_positions
 
-    total, weight = 0.0, 0
+    sums = torch.zeros(4, dtype=torch.float64)
     for batch in batches:
         sel = teacher_positions(batch["loss_mask"], batch["valid"])
-        logits = target.lm_head(target_hidden(target, batch["input_ids"], batch["valid"])[sel])
+        logits = _logits_at(target, batch, sel)
         n = int(sel.sum())
-        total += float(next_token_loss(logits, batch["input_ids"], sel)) * n
-        weight += n
-    return total / max(weight, 1)
+        sums[0] += float(next_token_loss(logits, batch["input_ids"], sel)) * n
+        sums[1] += n
+        if original is None:
+            continue
+        if hasattr(original, "disable_adapter"):
+            with original.disable_adapter():
+                before = _logits_at(target, batch, sel)
+        else:
+            before = _logits_at(original, {k: v.to(original.device) for k, v in batch.items()}, sel.cpu())
+            before = before.to(logits.device)
+        logp, logq = before.log_softmax(-1), logits.log_softmax(-1)
+        sums[2] += float((logp.exp() * (logp - logq)).sum())
+        sums[3] += float((before.argmax(-1) == logits.argmax(-1)).sum())
+    return sums
 
 
 def save_cotrained_target(target, peft_model, folder) -> object:

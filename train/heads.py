@@ -132,6 +132,20 @@ class MtpModel(nn.Module):
         return loss, out.correct, out.counted
 
 
+def mtp_batch(rows: list[dict], device, dtype) -> dict:
+    """The MTP model's keyword inputs: right-padded ids, loss mask and validity (+ captured last hidden
+    states offline; online the target runs inside the model's forward)."""
+    valid = _pad([torch.ones(len(r["input_ids"]), dtype=torch.bool) for r in rows], False)
+    out = {
+        "input_ids": _pad([torch.as_tensor(r["input_ids"]).long() for r in rows]).to(device),
+        "loss_mask": _pad([torch.as_tensor(r["loss_mask"]).long() for r in rows]).to(device),
+        "valid": valid.to(device),
+    }
+    if "last_hidden" in rows[0]:  # offline rows (capture shards)
+        out["last_hidden"] = _pad([r["last_hidden"] for r in rows]).to(device, dtype)
+    return out
+
+
 class MtpKind:
     def __init__(self, cfg, target, aux_layers, paths):
         from draftsmith.runtime.mtp import MtpConfig, MtpHead
@@ -150,15 +164,7 @@ class MtpKind:
         self.depth = cfg.head.num_modules
 
     def batch(self, rows, device) -> dict:
-        valid = _pad([torch.ones(len(r["input_ids"]), dtype=torch.bool) for r in rows], False)
-        out = {
-            "input_ids": _pad([torch.as_tensor(r["input_ids"]).long() for r in rows]).to(device),
-            "loss_mask": _pad([torch.as_tensor(r["loss_mask"]).long() for r in rows]).to(device),
-            "valid": valid.to(device),
-        }
-        if "last_hidden" in rows[0]:  # offline rows (capture shards)
-            out["last_hidden"] = _pad([r["last_hidden"] for r in rows]).to(device, self.target.dtype)
-        return out
+        return mtp_batch(rows, device, self.target.dtype)
 
     def save_final(self, state: dict, folder) -> None:
         """The modules to `folder`; a co-trained target (adapters merged) to `folder/target` first, so

@@ -91,7 +91,11 @@ def plot_curves(metrics: Path, out: Path) -> Path | None:
         steps = [r["step"] for r in drift]
         ax_drift.plot(steps, [r["target_val_loss"] for r in drift], "o-", label="co-trained target")
         ax_drift.plot(steps, [r["original_target_val_loss"] for r in drift], "--", label="original target")
-        ax_drift.set(xlabel="step", ylabel="next-token CE (validation)", title="target drift")
+        title = "target drift"
+        if "target_kl_to_original" in drift[-1]:
+            kl, agree = drift[-1]["target_kl_to_original"], drift[-1]["target_argmax_agreement"]
+            title += f" (KL {kl:.3f}, argmax agreement {agree:.2f})"
+        ax_drift.set(xlabel="step", ylabel="next-token CE (validation)", title=title)
         ax_drift.legend()
     for ax in axes:
         ax.grid(alpha=0.3)

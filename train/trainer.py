@@ -185,7 +185,7 @@ class Trainer:
         self.original_val_loss = None  # co-training: the target's validation loss before any update
         self.step = self.resume()
         if cfg.cotrain.enabled and self.original_val_loss is None:
-            self.original_val_loss = self.target_val_loss()
+            self.original_val_loss = self.target_drift()["target_val_loss"]
             log.info("co-training: the original target's validation loss is %.4f", self.original_val_loss)
         if acc.is_main_process:
             save_config(cfg, self.out / "config.yaml")
@@ -284,22 +284,25 @@ class Trainer:
             "rows": int(sums[1]),
         }
         if cfg.cotrain.enabled:  # the drift report: is the co-trained target still as good?
-            row["target_val_loss"] = round(self.target_val_loss(), 5)
+            row.update(self.target_drift())
             row["original_target_val_loss"] = round(self.original_val_loss, 5)
             row["target_val_loss_drift"] = round(row["target_val_loss"] - row["original_target_val_loss"], 5)
         return row
 
     @torch.no_grad()
-    def target_val_loss(self) -> float:
-        """The target's next-token loss on the validation rows (each process scores its share)."""
-        from draftsmith.train.cotrain import target_val_loss
+    def target_drift(self) -> dict:
+        """The co-trained target on the validation rows (each process scores its share): its next-token
+        loss and, with LoRA, its mean KL from the original and how often their argmaxes agree."""
+        from draftsmith.train.cotrain import drift_sums
 
-        acc = self.acc
-        batches = list(self.val_batches())
-        tokens = sum(int(b["valid"].sum()) for b in batches)
-        sums = torch.tensor([target_val_loss(self.target, batches) * tokens, tokens], device=acc.device)
-        sums = acc.reduce(sums, reduction="sum")
-        return float(sums[0] / sums[1].clamp(min=1))
+        sums = drift_sums(self.target, self.kind.peft_model, list(self.val_batches()))
+        sums = self.acc.reduce(sums.to(self.acc.device, torch.float32), reduction="sum")
+        n = float(sums[1].clamp(min=1))
+        row = {"target_val_loss": round(float(sums[0]) / n, 5)}
+        if self.kind.peft_model is not None:
+            row["target_kl_to_original"] = round(float(sums[2]) / n, 6)
+            row["target_argmax_agreement"] = round(float(sums[3]) / n, 5)
+        return row
 
     # ---- the run ---------------------------------------------------------------------------------------
     def log_row(self, row: dict) -> None:

@@ -76,6 +76,7 @@ def test_lora_cotraining_reports_drift_and_ships_the_merged_target(
             r["target_val_loss"] - r["original_target_val_loss"]
         )
     assert evals[-1]["target_val_loss"] != evals[-1]["original_target_val_loss"]  # the target did train
+    assert evals[-1]["target_kl_to_original"] > 0 and evals[-1]["target_argmax_agreement"] < 1
     cotrained = Target.load(str(out / "final" / "target"), device="cpu")
     original = tiny_target.model.state_dict()
     merged = cotrained.model.state_dict()
@@ -88,6 +89,17 @@ def test_lora_cotraining_reports_drift_and_ships_the_merged_target(
     with pytest.raises(BadInputError, match="target_weights_hash") as err:
         load_head(out / "final", tiny_target)  # the original target is not the one it was trained with
     assert "--target" in str(err.value)
+
+
+def test_drift_of_untouched_adapters_is_zero(tiny_dir, source, data_dir, tmp_path):
+    """LoRA starts with B = 0: before any update the co-trained target is the original, so the drift
+    report must say KL 0 and full argmax agreement (the negative control of the numbers above)."""
+    pytest.importorskip("peft")
+    trainer = Trainer(config(tiny_dir, source, data_dir, tmp_path / "zero", "cotrain.enabled=true"))
+    drift = trainer.target_drift()
+    assert drift["target_kl_to_original"] == pytest.approx(0, abs=1e-6)
+    assert drift["target_argmax_agreement"] == 1.0
+    assert drift["target_val_loss"] == pytest.approx(trainer.original_val_loss)
 
 
 def test_full_cotraining_moves_every_unfrozen_weight(tiny_dir, tiny_target, source, data_dir, tmp_path):
