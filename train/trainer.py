@@ -3,13 +3,15 @@
     draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 output_dir=runs/smoke
     accelerate launch --config_file configs/accelerate/ddp-cpu.yaml -m draftsmith.train --config ...
 
-A run: load the frozen target, run the data steps it needs (cached), build the head (draft vocab from the
-`data vocab` step, lm_head rows and norm optionally copied from the target), then AdamW with linear warmup
-and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row goes to metrics.jsonl
-(and the tracker), every `eval.every` steps the validation split is scored (TTT loss, accuracy per step,
-simulated tau), every `checkpoint.every` steps a checkpoint is written (atomic, rotated). A non-finite
-loss or gradient norm stops the run on every rank with the step and row ids, before anything is saved
-(reliability.md A14). The end: `output_dir/final/` (a head `--draft eagle3:DIR` loads), the PNG curve.
+A run: load the target (frozen, or made trainable for MTP co-training), run the data steps it needs
+(cached), build the head and its objective (`heads.HEAD_KINDS[head.type]`: EAGLE-3 or MTP), then AdamW
+with linear warmup and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row
+goes to metrics.jsonl (and the tracker), every `eval.every` steps the validation split is scored (loss,
+accuracy per TTT step or MTP module, simulated tau; for a co-trained target its drift), every
+`checkpoint.every` steps a checkpoint is written (atomic, rotated). A non-finite loss or gradient norm
+stops the run on every rank with the step and row ids, before anything is saved (reliability.md A14).
+The end: `output_dir/final/` (a head `--draft eagle3:DIR` / `mtp:DIR` loads; a co-trained target in
+`final/target/`), the PNG curve.
 """
 
 from __future__ import annotations
