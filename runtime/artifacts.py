@@ -109,6 +109,21 @@ def pid_alive(pid: int) -> bool:
 # ---- head files ----------------------------------------------------------------------------------------
 
 
+def save_head_files(head, folder: str | Path, head_type: str) -> None:
+    """config.json (the head's dataclass config) + model.safetensors, each written atomically; the
+    rotary cache is derived from the config and never stored."""
+    from dataclasses import asdict
+
+    from draftsmith.runtime.config import atomic_write_text
+
+    folder = Path(folder)
+    tensors = {
+        k: v.detach().contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")
+    }
+    atomic_save_file(folder / "model.safetensors", tensors, {"format": "pt", "head_type": head_type})
+    atomic_write_text(folder / "config.json", json.dumps(asdict(head.config), indent=1) + "\n")
+
+
 def check_tensors(expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], kind: str) -> None:
     """Strict: every expected tensor present with its exact shape, nothing extra, floats all finite."""
     for name in sorted(set(expected) | set(tensors)):

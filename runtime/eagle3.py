@@ -21,7 +21,7 @@ mlp.{gate,up,down}_proj}`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`. The pi
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,8 +29,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftsmith.runtime.artifacts import (
-    atomic_save_file,
     check_tensors,
+    save_head_files,
     tokenizer_hash,
     validate_draft_vocab,
 )
@@ -245,14 +245,7 @@ class Eagle3Head(nn.Module):
 # ---- files --------------------------------------------------------------------------------------------
 def save_head(head: Eagle3Head, folder: str | Path) -> None:
     """config.json + model.safetensors (the rotary cache is derived, never stored), written atomically."""
-    from draftsmith.runtime.config import atomic_write_text
-
-    folder = Path(folder)
-    tensors = {
-        k: v.detach().contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")
-    }
-    atomic_save_file(folder / WEIGHTS_FILE, tensors, {"format": "pt", "head_type": "eagle3"})
-    atomic_write_text(folder / CONFIG_FILE, json.dumps(asdict(head.config), indent=1) + "\n")
+    save_head_files(head, folder, "eagle3")
 
 
 def load_head(folder: str | Path, target=None) -> Eagle3Head:

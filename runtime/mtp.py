@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,7 +36,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from draftsmith.runtime.artifacts import atomic_save_file, check_tensors, tokenizer_hash, weights_hash
+from draftsmith.runtime.artifacts import check_tensors, save_head_files, tokenizer_hash, weights_hash
 from draftsmith.runtime.eagle3 import LAYER_KEYS
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.kv_cache import KVCache
@@ -195,14 +195,7 @@ class MtpHead(nn.Module):
 
 # ---- files --------------------------------------------------------------------------------------------
 def save_head(head: MtpHead, folder: str | Path) -> None:
-    from draftsmith.runtime.config import atomic_write_text
-
-    folder = Path(folder)
-    tensors = {
-        k: v.detach().contiguous() for k, v in head.state_dict().items() if not k.startswith("rotary.")
-    }
-    atomic_save_file(folder / WEIGHTS_FILE, tensors, {"format": "pt", "head_type": "mtp"})
-    atomic_write_text(folder / CONFIG_FILE, json.dumps(asdict(head.config), indent=1) + "\n")
+    save_head_files(head, folder, "mtp")
 
 
 def read_config(folder: str | Path) -> MtpConfig:

@@ -129,7 +129,8 @@ def drift_sums(target, original, batches) -> torch.Tensor:
             with original.disable_adapter():
                 before = _logits_at(target, batch, sel)
         else:
-            before = _logits_at(original, {k: v.to(original.device) for k, v in batch.items()}, sel.cpu())
+            moved = {k: v.to(original.device) for k, v in batch.items()}
+            before = _logits_at(original, moved, sel.to(original.device))
             before = before.to(logits.device)
         logp, logq = before.log_softmax(-1), logits.log_softmax(-1)
         sums[2] += float((logp.exp() * (logp - logq)).sum())

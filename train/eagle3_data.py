@@ -17,7 +17,8 @@ from draftsmith.data_recipes.capture import capture_batch
 from draftsmith.train.eagle3_objective import TTTBatch
 
 
-def _pad(rows: list[torch.Tensor], value=0) -> torch.Tensor:
+def pad_rows(rows: list[torch.Tensor], value=0) -> torch.Tensor:
+    """Right-pad [T_i, ...] tensors with `value` into one [B, max T_i, ...] tensor."""
     length = max(r.shape[0] for r in rows)
     out = rows[0].new_full((len(rows), length, *rows[0].shape[1:]), value)
     for i, r in enumerate(rows):
@@ -26,15 +27,15 @@ def _pad(rows: list[torch.Tensor], value=0) -> torch.Tensor:
 
 
 def _batch(target, ids, masks, aux, last) -> TTTBatch:
-    valid = _pad([torch.ones(len(i), dtype=torch.bool) for i in ids], False)
-    last_hidden = _pad(last).to(target.device, target.dtype)
+    valid = pad_rows([torch.ones(len(i), dtype=torch.bool) for i in ids], False)
+    last_hidden = pad_rows(last).to(target.device, target.dtype)
     with torch.no_grad():
         logits = target.logits(last_hidden)  # [B, T, V] the target's next-token logits, recomputed
     return TTTBatch(
-        input_ids=_pad(ids).to(target.device),
-        features=_pad(aux).to(target.device),
+        input_ids=pad_rows(ids).to(target.device),
+        features=pad_rows(aux).to(target.device),
         target_logits=logits,
-        loss_mask=_pad(masks).to(target.device),
+        loss_mask=pad_rows(masks).to(target.device),
         valid=valid.to(target.device),
     )
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from draftsmith.runtime.errors import DraftsmithError
-from draftsmith.train.eagle3_data import _pad, offline_batch, online_batch
+from draftsmith.train.eagle3_data import offline_batch, online_batch, pad_rows
 from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss
 
 
@@ -135,14 +135,14 @@ class MtpModel(nn.Module):
 def mtp_batch(rows: list[dict], device, dtype) -> dict:
     """The MTP model's keyword inputs: right-padded ids, loss mask and validity (+ captured last hidden
     states offline; online the target runs inside the model's forward)."""
-    valid = _pad([torch.ones(len(r["input_ids"]), dtype=torch.bool) for r in rows], False)
+    valid = pad_rows([torch.ones(len(r["input_ids"]), dtype=torch.bool) for r in rows], False)
     out = {
-        "input_ids": _pad([torch.as_tensor(r["input_ids"]).long() for r in rows]).to(device),
-        "loss_mask": _pad([torch.as_tensor(r["loss_mask"]).long() for r in rows]).to(device),
+        "input_ids": pad_rows([torch.as_tensor(r["input_ids"]).long() for r in rows]).to(device),
+        "loss_mask": pad_rows([torch.as_tensor(r["loss_mask"]).long() for r in rows]).to(device),
         "valid": valid.to(device),
     }
     if "last_hidden" in rows[0]:  # offline rows (capture shards)
-        out["last_hidden"] = _pad([r["last_hidden"] for r in rows]).to(device, dtype)
+        out["last_hidden"] = pad_rows([r["last_hidden"] for r in rows]).to(device, dtype)
     return out
 
 
