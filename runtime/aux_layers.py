@@ -80,3 +80,44 @@ def engine_layer_ids(aux_layers: Sequence[int]) -> dict:
         "output_of_layer (SGLang, SpecForge, ModelOpt)": list(aux_layers),
         "input_to_layer (vLLM, speculators, EAGLE official)": [i + 1 for i in aux_layers],
     }
+
+
+# What an id X written in a config means, per reader: "output" = the output of decoder layer X (our ids),
+# "input" = the input to layer X (= the output of layer X - 1). mission_anchors.md part c.
+CONVENTIONS = {"output": 0, "input": 1}
+ENGINE_CONVENTION = {
+    "sglang": "output",
+    "specforge": "output",
+    "modelopt": "output",
+    "vllm": "input",
+    "speculators": "input",
+    "eagle": "input",
+}
+
+
+def to_engine_ids(aux_layers: Sequence[int], engine: str) -> list[int]:
+    """Our 0-based output ids -> the integers `engine` must read to tap the same tensors."""
+    return [i + CONVENTIONS[_convention(engine)] for i in aux_layers]
+
+
+def from_engine_ids(ids: Sequence[int], convention: str) -> list[int]:
+    """Ids written in `convention` ('output', 'input', an engine name, or 'auto') -> our output ids.
+
+    'auto' follows SGLang's rule for published drafts (sglang PR #25454): a list that starts at 1 is
+    read as layer outputs (SpecForge / ModelOpt style), anything else as layer inputs (vLLM / EAGLE);
+    one that starts at 0 can only be outputs (the input to layer 0 is the embedding, which no head taps)."""
+    ids = [int(i) for i in ids]
+    if convention == "auto":
+        convention = "output" if ids and ids[0] <= 1 else "input"
+        log.info(
+            "aux layer ids %s read as %s-of-layer ids (the SGLang rule; override with #ids=)", ids, convention
+        )
+    return [i - CONVENTIONS[_convention(convention)] for i in ids]
+
+
+def _convention(name: str) -> str:
+    name = ENGINE_CONVENTION.get(name, name)
+    if name not in CONVENTIONS:
+        choices = sorted(CONVENTIONS) + sorted(ENGINE_CONVENTION)
+        raise BadInputError("aux id convention", name, f"one of {', '.join(choices)}")
+    return name

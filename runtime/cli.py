@@ -17,11 +17,14 @@ import time
 
 from draftsmith.runtime.cli_args import Formatter, add_target_args, finite_float_arg, int_arg
 from draftsmith.runtime.cli_data import add_data
+from draftsmith.runtime.cli_export import add_export
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 DRAFT_HELP = (
     "none (plain decoding), ngram (prompt lookup), self:layers=N (the target's first N layers), "
-    "model:TARGET (a draft LM sharing the tokenizer), eagle3:DIR (an EAGLE-3 head folder), mtp:DIR (MTP "
+    "model:TARGET (a draft LM sharing the tokenizer), eagle3:DIR (an EAGLE-3 head: our folder, the "
+    "official/SGLang or speculators layout, or a Hub id; #ids=input|output says how foreign aux-layer ids "
+    "read), mtp:DIR (MTP "
     "modules; tree depth <= modules, or mtp:DIR#recursive to reuse the last module deeper)"
 )
 TREE_HELP = (
@@ -218,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_data(sub)
     add_train(sub)
+    add_export(sub)
     add_demo(sub)
     return parser
 

@@ -17,7 +17,9 @@ reach it as the head of the next `contexts`. Draft specs (ARCHITECTURE.md sectio
     ngram           prompt lookup in the context (no model)
     self:layers=N   the target's first N layers + its final norm and LM head (self-speculation)
     model:TARGET    a standalone draft LM sharing the target's tokenizer (alias, folder, Hub id, .gguf)
-    eagle3:DIR      an EAGLE-3 head folder (runtime/eagle3.py, trained by draftsmith.train)
+    eagle3:DIR      an EAGLE-3 head (runtime/eagle3.py): our folder, or the official/SGLang or speculators
+                    layout, from a folder or a Hub id (runtime/layouts.py; `#ids=input|output` says how a
+                    foreign head's aux-layer ids read)
     mtp:DIR         MTP modules (runtime/mtp.py); depth <= modules, or `mtp:DIR#recursive` to let the
                     last module recurse past them
 
@@ -106,10 +108,10 @@ def build_drafter(
 
         return LMDrafter(load_draft_model(arg, target, device, dtype), tree)
     if kind == "eagle3" and arg:
-        from draftsmith.runtime.eagle3 import load_head
         from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
+        from draftsmith.runtime.layouts import load_eagle3
 
-        head = load_head(arg, target).to(device=target.device, dtype=target.dtype)
+        head = load_eagle3(arg, target).to(device=target.device, dtype=target.dtype)
         return Eagle3Drafter(head, target, tree)
     if kind == "mtp" and arg:
         from draftsmith.runtime.mtp import load_head as load_mtp

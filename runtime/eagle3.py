@@ -67,6 +67,9 @@ class Eagle3Config:
     # one RMSNorm over their concatenation (`input_norm`, gpt-oss style), applied before `fc`.
     fc_norm: bool = False
     norm_before_fc: bool = False
+    # The residual stream starts from hidden_norm(feature) instead of the raw feature (speculators'
+    # `norm_before_residual`, its trainer's default); False is the official / SGLang layer.
+    norm_before_residual: bool = False
 
     @classmethod
     def for_target(
@@ -223,8 +226,10 @@ class Eagle3Head(nn.Module):
             cache.reserve(new, valid)
             mask = attention_mask(cache.valid[:, : cache.length + new], new, tree_mask)  # [B, 1, T, S]
         rope = self.rotary(feature, position_ids=position_ids)
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(feature)], dim=-1)  # [B, T, 2H]
-        h = feature + layer.self_attn(x, rope, cache, mask)
+        normed = layer.hidden_norm(feature)
+        x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
+        residual = normed if self.config.norm_before_residual else feature
+        h = residual + layer.self_attn(x, rope, cache, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         if cache is not None:
             cache.commit()

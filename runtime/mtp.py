@@ -199,30 +199,46 @@ def save_head(head: MtpHead, folder: str | Path) -> None:
 
 
 def read_config(folder: str | Path) -> MtpConfig:
+    return _read(folder, tensors=False)[0]
+
+
+def _read(folder: str | Path, tensors: bool = True) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
+    """Our folder (config.json + model.safetensors), or a model folder in DeepSeek's layout with the
+    modules appended as extra layers (runtime/mtp_layout.py) -> (config, our module tensors)."""
+    from safetensors.torch import load_file
+
     folder = Path(folder)
-    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise BadInputError("mtp head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    if not (folder / CONFIG_FILE).is_file() or not any(folder.glob("*.safetensors")):
+        raise BadInputError("mtp head", str(folder), f"a folder with {CONFIG_FILE} and *.safetensors")
     raw = json.loads((folder / CONFIG_FILE).read_text())
+    if "num_nextn_predict_layers" in raw:
+        from draftsmith.runtime.mtp_layout import deepseek_mtp_config, from_deepseek
+
+        if not tensors:
+            return deepseek_mtp_config(raw), {}
+        files = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            files.update(load_file(str(file)))
+        config, ours, _ = from_deepseek(raw, files)
+        return config, ours
     if raw.get("head_type") != "mtp":
         raise BadInputError("head_type", raw.get("head_type"), "mtp")
     try:
-        return MtpConfig(**raw).validate()
+        config = MtpConfig(**raw).validate()
     except TypeError as err:
         raise BadInputError(
             f"{folder / CONFIG_FILE}", sorted(raw), "the MtpConfig fields", str(err)
         ) from None
+    return config, load_file(str(folder / WEIGHTS_FILE)) if tensors else {}
 
 
 def load_head(folder: str | Path, target=None) -> MtpHead:
     """Strict load (names, shapes, finite values), checked against `target` when given."""
-    from safetensors.torch import load_file
-
-    config = read_config(folder)
+    config, tensors = _read(folder)
     if target is not None:
         check_head_matches_target(config, target, folder)
     head = MtpHead(config)
     expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    tensors = load_file(str(Path(folder) / WEIGHTS_FILE))
     check_tensors(expected, tensors, "MTP")
     head.load_state_dict(tensors, strict=False)
     return head.eval()

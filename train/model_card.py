@@ -1,0 +1,220 @@
+"""Model cards for exported heads: README.md with Hub metadata, what the head was trained on, what was
+measured (with the command that measured it) and how to serve it.
+
+    card = model_card(CardFacts(format="eagle3", head_type="eagle3", target="HuggingFaceTB/...", ...))
+
+Every number in a card comes from a file the run or a benchmark wrote (`run_facts`, `bench_rows`,
+`vllm_check`); a card never states a figure nobody measured, it says "not measured" instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from draftsmith.runtime.errors import BadInputError
+
+BENCH_META = ("date", "machine", "threads", "prompt_set", "command", "versions")
+DATASETS = {"sharegpt": "anon8231489123/ShareGPT_Vicuna_unfiltered"}
+
+
+@dataclass
+class CardFacts:
+    format: str  # draftsmith | eagle3 | speculators | mtp
+    head_type: str  # eagle3 | mtp
+    target: str
+    repo_id: str | None = None  # where it is (or will be) published; the serve commands use it
+    license: str = "other"
+    engine: str | None = None  # whose aux-id convention an eagle3 export wrote
+    size: str = ""  # "12.6M parameters, float32"
+    run: dict = field(default_factory=dict)  # run_facts()
+    bench: list[dict] = field(default_factory=list)  # bench_rows()
+    bench_meta: dict = field(default_factory=dict)  # date, machine, threads, prompt set, command
+    vllm: dict | None = None  # scripts/check_vllm.sh summary
+    details: list[str] = field(default_factory=list)  # format-specific lines (aux ids, modules, ...)
+
+
+def run_facts(run_dir: Path | None) -> dict:
+    """The training run's config and its last evaluation, when the head sits in a run folder."""
+    if run_dir is None or not (run_dir / "config.yaml").is_file():
+        return {}
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    last_eval = {}
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("kind") == "eval":
+                last_eval = row
+    return {"config": config, "eval": last_eval, "dir": str(run_dir)}
+
+
+def bench_rows(path: Path | None, head_dir: Path) -> tuple[list[dict], dict]:
+    """Rows of a bench JSON (scripts/bench_runtime.py compare, or `draftsmith bench` results.json) that
+    measured this head, plus the plain rows they are relative to; and where and how it was measured."""
+    if path is None:
+        return [], {}
+    if not path.is_file():
+        raise BadInputError("--bench", str(path), "a bench JSON file (compare-*.json or results.json)")
+    data = json.loads(path.read_text())
+    rows = data["rows"] if isinstance(data, dict) else data
+    ours = [r for r in rows if _measures(r.get("method", ""), head_dir) or r.get("method") == "plain"]
+    if not any(r.get("method") != "plain" for r in ours):
+        raise BadInputError("--bench", str(path), f"rows that measured {head_dir}", "no method names it")
+    meta = {k: data[k] for k in BENCH_META if isinstance(data, dict) and k in data}
+    return ours, {**meta, "file": str(path)}
+
+
+def _measures(method: str, head_dir: Path) -> bool:
+    spec = method.split("@")[0]
+    kind, _, folder = spec.partition(":")
+    folder = folder.split("#")[0]
+    return kind in ("eagle3", "mtp") and bool(folder) and Path(folder).resolve() == head_dir.resolve()
+
+
+def model_card(facts: CardFacts) -> str:
+    meta = {
+        "base_model": facts.target,
+        "library_name": "draftsmith",
+        "license": facts.license,
+        "pipeline_tag": "text-generation",
+        "tags": ["speculative-decoding", facts.head_type, "draftsmith", f"{facts.format}-layout"],
+    }
+    source = facts.run.get("config", {}).get("data", {}).get("source")
+    if source in DATASETS:
+        meta["datasets"] = [DATASETS[source]]
+    parts = [
+        "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n",
+        f"# {_title(facts)}\n",
+        _summary(facts),
+        _training(facts.run),
+        _measured(facts),
+        _serving(facts),
+    ]
+    return "\n".join(p for p in parts if p)
+
+
+def _title(facts: CardFacts) -> str:
+    kind = "EAGLE-3 draft head" if facts.head_type == "eagle3" else "MTP modules"
+    return f"{kind} for {facts.target} ({facts.format} layout)"
+
+
+def _summary(facts: CardFacts) -> str:
+    lines = [
+        f"A speculative-decoding {facts.head_type} head trained with draftsmith for `{facts.target}`.",
+        "Speculative decoding with it is lossless: the output distribution is the target's.",
+        "",
+        f"- layout: `{facts.format}`"
+        + (f" (aux-layer ids written in {facts.engine}'s convention)" if facts.engine else ""),
+    ]
+    if facts.size:
+        lines.append(f"- size: {facts.size}")
+    lines += [f"- {d}" for d in facts.details]
+    return "\n".join(lines) + "\n"
+
+
+def _training(run: dict) -> str:
+    if not run:
+        return "## Training\n\nNot recorded (the head was exported from a folder outside a draftsmith run).\n"
+    cfg = run["config"]
+    data, train = cfg.get("data", {}), cfg.get("train", {})
+    lines = [
+        "## Training\n",
+        f"- data: `{data.get('source')}`, up to {data.get('max_samples')} conversations of at most "
+        f"{data.get('max_length')} tokens ({data.get('mode')} mode)",
+        f"- steps: {train.get('max_steps')} x batch {train.get('batch_size')} "
+        f"(grad accum {train.get('grad_accum')}), lr {train.get('lr')}",
+        f"- config: `draftsmith train --config {run['dir']}/config.yaml`",
+    ]
+    ev = run.get("eval") or {}
+    if ev:
+        acc = ev.get("accuracy_per_step") or ev.get("accuracy_per_module")
+        lines.append(
+            f"- validation at step {ev.get('step')}: accuracy per draft position {acc}, "
+            f"simulated tau {ev.get('simulated_tau')}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _measured(facts: CardFacts) -> str:
+    lines = ["## Measured\n"]
+    if facts.bench:
+        lines += [
+            "| method | temperature | tokens/s | speedup vs plain | tau | acceptance per position |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in facts.bench:
+            lines.append(
+                f"| {r.get('method')} | {r.get('temperature')} | {r.get('tokens_per_s')} | "
+                f"{r.get('speedup_vs_plain')} | {r.get('mean_accepted', 1.0)} | "
+                f"{r.get('accept_rate_per_position', [])} |"
+            )
+        lines.append("")
+        meta = facts.bench_meta
+        where = ", ".join(f"{k} {meta[k]}" for k in ("prompt_set", "date", "machine", "threads") if k in meta)
+        lines.append(f"Measured side by side in one run ({where}); results: `{meta.get('file')}`.")
+        if meta.get("command"):
+            lines.append(f"Command: `{meta['command']}`")
+        lines.append("")
+    else:
+        lines.append("Speedup and tau: not measured for this export (pass `--bench FILE` to include them).\n")
+    if facts.vllm:
+        lines.append(_vllm_lines(facts.vllm))
+    return "\n".join(lines)
+
+
+def _vllm_lines(summary: dict) -> str:
+    return (
+        "### Loaded by vLLM\n\n"
+        + "```json\n"
+        + json.dumps({k: v for k, v in summary.items() if k != "prompts"}, indent=1)[:3000]
+        + "\n```\n"
+    )
+
+
+def _serving(facts: CardFacts) -> str:
+    repo = facts.repo_id or "PATH_TO_THIS_FOLDER"
+    target = facts.target
+    if facts.format == "mtp":
+        return (
+            "## Use\n\nThis folder is the target with the MTP modules appended as DeepSeek-style layers "
+            "(`num_nextn_predict_layers`).\n"
+            "transformers loads it as the plain target (the extra layers are unused); draftsmith drafts "
+            f"with the modules:\n\n```bash\ndraftsmith generate --target {repo} --draft mtp:{repo} "
+            '--prompt "Hello"\n```\n\nvLLM and SGLang load this layout only for DeepSeek architectures '
+            "(`DeepSeekMTP`, `DeepseekV3ForCausalLMNextN`), so they do not serve it for a Llama target.\n"
+        )
+    draft = "mtp" if facts.head_type == "mtp" else "eagle3"
+    ours = f'```bash\ndraftsmith generate --target {target} --draft {draft}:{repo} --prompt "Hello"\n```\n'
+    if facts.format == "speculators":
+        return (
+            "## Serve\n\nvLLM (reads the verifier from `speculators_config`):\n\n"
+            f"```bash\nvllm serve {repo}\n```\n\ndraftsmith:\n\n{ours}"
+        )
+    if facts.format == "eagle3":
+        spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": 3})
+        engine_note = (
+            "The aux-layer ids in `eagle_config` are written in "
+            f"{facts.engine}'s convention; export again with `--engine {_other(facts.engine)}` for "
+            f"{_other(facts.engine)}.\n\n"
+        )
+        return (
+            "## Serve\n\n"
+            + engine_note
+            + f"SGLang:\n\n```bash\npython -m sglang.launch_server --model-path {target} "
+            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {repo} "
+            "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4\n```\n\n"
+            f"vLLM:\n\n```bash\nvllm serve {target} --speculative-config '{spec}'\n```\n\n"
+            f"draftsmith:\n\n{ours}"
+        )
+    return (
+        f"## Use\n\ndraftsmith's own layout. Serve it with draftsmith, or export it for an engine "
+        f"(`draftsmith export {repo} --format eagle3|speculators|mtp`):\n\n{ours}"
+    )
+
+
+def _other(engine: str | None) -> str:
+    return "vllm" if engine == "sglang" else "sglang"
