@@ -46,6 +46,12 @@ def add_export(sub) -> None:
     )
     p.add_argument("--target", help="mtp format: the target to append the modules to (default: the head's)")
     p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=3,
+        help="drafted tokens per step written in the speculators config and the serve commands",
+    )
+    p.add_argument(
         "--bench",
         help="a bench JSON (compare-*.json / results.json): its rows for this head go into the model card",
     )
@@ -71,6 +77,7 @@ def run_export(args: argparse.Namespace) -> None:
             target=args.target,
             bench=args.bench,
             vllm_check=args.vllm_check,
+            speculative_tokens=args.num_speculative_tokens,
             license=args.license,
             push_to_hub=args.push_to_hub,
             private=args.private,

@@ -55,6 +55,7 @@ class ExportRequest:
     target: str | None = None  # mtp: the target whose weights are appended (default: the head's own)
     bench: str | None = None  # a bench JSON whose rows for this head go into the card
     vllm_check: str | None = None  # scripts/check_vllm.sh summary.json for the card
+    speculative_tokens: int = 3  # drafted tokens per step in the speculators config and serve commands
     license: str | None = None
     push_to_hub: str | None = None
     private: bool = False
@@ -77,6 +78,7 @@ def export(req: ExportRequest) -> Path:
         facts.bench, facts.bench_meta = bench_rows(Path(req.bench) if req.bench else None, folder)
         facts.vllm = json.loads(Path(req.vllm_check).read_text()) if req.vllm_check else None
         facts.repo_id = req.push_to_hub
+        facts.speculative_tokens = req.speculative_tokens
         (tmp / "README.md").write_text(model_card(facts))
         _replace(tmp, out)
     except BaseException:
@@ -113,6 +115,8 @@ def _check_request(req: ExportRequest, head_type: str) -> None:
     if head_type not in FORMATS[req.format]:
         fits = [f for f, kinds in FORMATS.items() if head_type in kinds]
         raise BadInputError("--format", req.format, f"a format for a {head_type} head: {', '.join(fits)}")
+    if not 1 <= req.speculative_tokens <= 16:
+        raise BadInputError("--num-speculative-tokens", req.speculative_tokens, "an integer in [1, 16]")
     if req.engine not in ENGINES:
         raise BadInputError("--engine", req.engine, f"one of {', '.join(ENGINES)}")
     if req.push_to_hub:
@@ -188,7 +192,8 @@ def write_eagle3(req: ExportRequest, folder: Path, head_type: str, tmp: Path) ->
 
     head = load_head(folder)
     if req.format == "speculators":
-        config, tensors = to_speculators(head, req.verifier, **_verifier_facts(req, head.config.target))
+        facts = _verifier_facts(req, head.config.target)
+        config, tensors = to_speculators(head, req.verifier, req.speculative_tokens, **facts)
         engine = "speculators"
     else:
         config, tensors = to_official(head, engine=req.engine)

