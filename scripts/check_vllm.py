@@ -17,7 +17,9 @@ greedy mismatch can be called a near-tie (or not). `run` writes {"error": ...} i
 `compare` counts prompts whose greedy ids differ (vLLM spec vs vLLM plain vs draftsmith), the first
 differing position and the plain run's top-1/top-2 logprob margin there, and puts vLLM's per-position
 acceptance and tau (1 + accepted / drafts) next to draftsmith's. It exits 1 when a vLLM speculative run
-fails to load or disagrees with draftsmith's greedy output.
+fails to load, disagrees with draftsmith's greedy output or its acceptance counts, or when the control
+(the head exported with SGLang's aux-layer ids, which vLLM reads one layer off) reproduces draftsmith's
+counts too (then equal counts would not show that the ids are right).
 """
 
 from __future__ import annotations
@@ -270,7 +272,10 @@ def compare(args) -> int:
             summary["greedy"].append(
                 diff_report(f"{name} vs vllm_plain", ids, [o["token_ids"] for o in plain["outputs"]], plain)
             )
-        failed |= vs_ds["mismatching_prompts"] > 0
+        entry["counts_match_draftsmith"] = same_counts(entry, summary["draftsmith"])
+        failed |= vs_ds["mismatching_prompts"] > 0 or not entry["counts_match_draftsmith"]
+    if args.control:
+        failed |= not add_control(summary, args.control)
     summary["ok"] = not failed
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
@@ -278,6 +283,31 @@ def compare(args) -> int:
     print_table(summary)
     print(f"wrote {args.out}")
     return 1 if failed else 0
+
+
+def same_counts(run: dict, ours: dict) -> bool:
+    """vLLM and draftsmith drafted as often and had the same tokens accepted at every position."""
+    return run.get("drafts") == ours["drafts"] and run.get("accepted_per_pos") == ours["accepted_per_pos"]
+
+
+def add_control(summary: dict, item: str) -> bool:
+    """The negative control: the same head exported with the other engine's aux-layer ids (one layer
+    off) must NOT reproduce draftsmith's counts, or equal counts would prove nothing about the ids."""
+    name, _, path = item.partition("=")
+    run = json.load(open(path)) if os.path.exists(path) else {"error": f"no output file {path}"}
+    if "error" in run:
+        summary["control"] = {"name": name, "error": run["error"], "discriminates": False}
+        return False
+    stats = run["spec"] or {}
+    differs = not same_counts(stats, summary["draftsmith"])
+    summary["control"] = {
+        "name": name,
+        "drafts": stats.get("drafts"),
+        "accepted_per_pos": stats.get("accepted_per_pos"),
+        "tau": stats.get("tau"),
+        "discriminates": differs,
+    }
+    return differs
 
 
 def print_table(s: dict) -> None:
@@ -300,6 +330,12 @@ def print_table(s: dict) -> None:
         else:
             row(name, "NO")
             print(f"    {r['error'][:300]}")
+    if "control" in s:
+        c = s["control"]
+        verdict = "differ (the check discriminates)" if c["discriminates"] else "DO NOT differ"
+        print(
+            f"control {c['name']}: drafts {c.get('drafts')}, accepted {c.get('accepted_per_pos')}: {verdict}"
+        )
     print("\ngreedy token ids:")
     for g in s["greedy"]:
         firsts = [
@@ -333,6 +369,7 @@ def main() -> int:
     c.add_argument("--draftsmith-draft", default="", help="the --draft spec draftsmith ran with (recorded)")
     c.add_argument("--plain", required=True)
     c.add_argument("--spec", action="append", default=[], help="NAME=run.json, repeatable")
+    c.add_argument("--control", help="NAME=run.json: the head with the other engine's aux ids (must differ)")
     c.add_argument("--k", type=int, default=2)
     c.add_argument("--max-tokens", type=int, default=48)
     c.add_argument("--timings", help="phase timings JSON from the shell script")

@@ -19,7 +19,8 @@
 #               export as the model (`LLM(model=DIR)`, verifier read from its config) and as the draft.
 #   5. compare  greedy ids (vLLM spec vs vLLM plain vs draftsmith) and acceptance/tau side by side:
 #               a table on stdout and OUT/summary.json. Exit 1 when a vLLM speculative run does not
-#               load or its greedy output differs from draftsmith's.
+#               load, or its greedy output or acceptance counts differ from draftsmith's, or when the
+#               control (the head exported with SGLang's aux ids, one layer off for vLLM) matches too.
 # The vLLM venv is 3.4 GB: it is removed at the end unless --keep-env is given (it is reused if present).
 # Everything runs under `nice -n 10` with OMP_NUM_THREADS=1. Logs: OUT/logs/. Takes about 6 minutes on
 # 2 busy cores, plus about 4 minutes to build the venv.
@@ -99,10 +100,12 @@ phase venv build_venv
 TARGET_DIR=$(.venv/bin/python -c "from draftsmith.runtime.targets import resolve_target as r; print(r('$TARGET').path)")
 OFFICIAL="$OUT/head-eagle3-vllm"
 SPECULATORS="$OUT/head-speculators"
+CONTROL="$OUT/head-eagle3-sglang-ids"  # SGLang's ids, which vLLM reads one layer off: the negative control
 export_heads() {
   echo "   target folder: $TARGET_DIR"
   nice -n 10 "$DS" export "$HEAD" --format eagle3 --engine vllm --out "$OFFICIAL" --overwrite
   nice -n 10 "$DS" export "$HEAD" --format speculators --verifier "$TARGET_DIR" --out "$SPECULATORS" --overwrite
+  nice -n 10 "$DS" export "$HEAD" --format eagle3 --engine sglang --out "$CONTROL" --overwrite
 }
 phase export export_heads
 
@@ -136,6 +139,7 @@ phase vllm_plain vllm_run plain --model "$TARGET_DIR"
 phase vllm_eagle3 vllm_run eagle3 --model "$TARGET_DIR" --draft "$OFFICIAL" --k "$K"
 phase vllm_speculators_model vllm_run speculators-model --model "$SPECULATORS" --k "$K"
 phase vllm_speculators_draft vllm_run speculators-draft --model "$TARGET_DIR" --draft "$SPECULATORS" --k "$K"
+phase vllm_control vllm_run control --model "$TARGET_DIR" --draft "$CONTROL" --k "$K"
 
 # ---- 5. compare ---------------------------------------------------------------------------------------
 awk 'BEGIN{printf "{"} {printf "%s\"%s\": %s", (NR>1?", ":""), $1, $2} END{print "}"}' "$TIMINGS" > "$OUT/timings.json"
@@ -144,4 +148,5 @@ awk 'BEGIN{printf "{"} {printf "%s\"%s\": %s", (NR>1?", ":""), $1, $2} END{print
   --spec "eagle3=$OUT/vllm-eagle3.json" \
   --spec "speculators-model=$OUT/vllm-speculators-model.json" \
   --spec "speculators-draft=$OUT/vllm-speculators-draft.json" \
+  --control "sglang-ids=$OUT/vllm-control.json" \
   --out "$OUT/summary.json"

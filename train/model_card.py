@@ -183,7 +183,15 @@ def _vllm_lines(summary: dict) -> str:
         counts = f"{run.get('drafts')} | {run.get('accepted_per_pos')} | {run.get('tau')}"
         lines.append(f"| vLLM {name} | {loaded} | {counts} |")
     worst = max((g.get("mismatching_prompts", 0) for g in summary.get("greedy", [])), default=None)
-    lines.append(f"\nGreedy outputs differing between any two of them: {worst} prompts.\n")
+    lines.append(f"\nGreedy outputs differing between any two of them: {worst} prompts.")
+    control = summary.get("control")
+    if control and "drafts" in control:
+        verdict = "different counts, as it must" if control.get("discriminates") else "the same counts"
+        lines.append(
+            f"Control: this head exported with SGLang's aux-layer ids, which vLLM reads one layer off: "
+            f"{control['drafts']} drafts, {control['accepted_per_pos']} accepted ({verdict})."
+        )
+    lines.append("")
     return "\n".join(lines)
 
 
