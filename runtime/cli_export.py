@@ -26,7 +26,9 @@ def add_export(sub) -> None:
             "  speculators  vLLM's native layout (speculators_config, layers.0.*, aux ids in vLLM's\n"
             "               convention): `vllm serve DIR`\n"
             "  mtp          MTP modules in DeepSeek's layout: the target plus layers L..L+M-1 and\n"
-            "               num_nextn_predict_layers (draftsmith generate --target DIR --draft mtp:DIR)\n\n"
+            "               num_nextn_predict_layers (draftsmith generate --target DIR --draft mtp:DIR)\n"
+            "  mtp-mimo     one MTP module in MiMo's layout (the target as MiMoForCausalLM: Qwen2 with zero\n"
+            '               q/k/v biases): vllm serve DIR --speculative-config \'{"method": "mtp", ...}\'\n\n'
             "examples:\n"
             "  draftsmith export runs/eagle3-smollm2-135m --format eagle3 --out exports/eagle3-sglang\n"
             "  draftsmith export runs/eagle3-smollm2-135m --format eagle3 --engine vllm --out exports/vllm\n"
@@ -36,7 +38,7 @@ def add_export(sub) -> None:
         ),
     )
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a head folder or a run folder (uses final/)")
-    p.add_argument("--format", default="draftsmith", help="draftsmith, eagle3, speculators or mtp")
+    p.add_argument("--format", default="draftsmith", help="draftsmith, eagle3, speculators, mtp or mtp-mimo")
     p.add_argument("--out", required=True, help="the export folder (new or empty; see --overwrite)")
     p.add_argument(
         "--engine", default="sglang", help="eagle3 format: whose aux-id convention, sglang or vllm"

@@ -111,3 +111,74 @@ def _module_index(name: str, layers: int) -> int | None:
     if len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) >= layers:
         return int(parts[2]) - layers
     return None
+
+
+# ---- MiMo: what vLLM serves for a dense target with one MTP layer --------------------------------------
+# vLLM's `MiMoMTP` (mimo_mtp.py) computes exactly our module: final_layernorm(block(input_proj(
+# [hidden_layernorm(h); token_layernorm(embed)]))), with h the target's last hidden state after its norm,
+# the concatenation in the other order (so eh_proj's column halves swap), and a Qwen2 block (q/k/v with
+# biases: zeros reproduce a Llama block). A Llama-family target is written as `MiMoForCausalLM` (Qwen2
+# with zero q/k/v biases and an explicit lm_head), so `vllm serve DIR --speculative-config
+# '{"method": "mtp", "num_speculative_tokens": 1}'` runs it. vLLM's MiMo MTP predicts one token per step.
+MIMO_NAMES = {"enorm": "token_layernorm", "hnorm": "hidden_layernorm", "eh_proj": "input_proj"}
+MIMO_NAMES["shared_head.norm"] = "final_layernorm"
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def to_mimo(
+    mtp_config: MtpConfig,
+    mtp_tensors: dict[str, torch.Tensor],
+    target_config: dict,
+    target_tensors: dict[str, torch.Tensor],
+) -> tuple[dict, dict[str, torch.Tensor]]:
+    if mtp_config.num_modules != 1:
+        raise BadInputError("num_modules", mtp_config.num_modules, "1 (vLLM's MiMo MTP predicts one token)")
+    if target_config.get("model_type") not in ("llama", "qwen2"):
+        raise BadInputError("target model_type", target_config.get("model_type"), "llama or qwen2")
+    hidden = target_config["hidden_size"]
+    out = dict(target_tensors)
+    out.setdefault("lm_head.weight", target_tensors["model.embed_tokens.weight"])
+    for name, tensor in mtp_tensors.items():
+        rest = name.removeprefix("layers.0.")
+        part, _, leaf = rest.rpartition(".")
+        if part == "eh_proj":  # [H, 2H] over [embed; h] -> over [h; embed]
+            tensor = torch.cat([tensor[:, hidden:], tensor[:, :hidden]], dim=1)
+        out[f"model.mtp_layers.0.{MIMO_NAMES.get(part, part)}.{leaf}"] = tensor
+    for prefix in [f"model.layers.{i}" for i in range(target_config["num_hidden_layers"])] + [
+        "model.mtp_layers.0"
+    ]:
+        for proj in QKV:
+            weight = out[f"{prefix}.self_attn.{proj}.weight"]
+            out.setdefault(
+                f"{prefix}.self_attn.{proj}.bias", torch.zeros(weight.shape[0], dtype=weight.dtype)
+            )
+    config = {
+        **target_config,
+        "architectures": ["MiMoForCausalLM"],
+        "model_type": "qwen2",
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "num_nextn_predict_layers": 1,
+        PROVENANCE_KEY: asdict(mtp_config),
+    }
+    return config, out
+
+
+def from_mimo(config: dict, tensors: dict[str, torch.Tensor]) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
+    """-> (our MtpConfig, our module tensors); the zero q/k/v biases are checked, then dropped."""
+    mtp_config = deepseek_mtp_config(config)
+    hidden = config["hidden_size"]
+    names = {v: k for k, v in MIMO_NAMES.items()}
+    ours = {}
+    for name, tensor in tensors.items():
+        if name.endswith(tuple(f"{p}.bias" for p in QKV)):
+            if tensor.any():
+                raise BadInputError(name, "non-zero values", "zeros (a Llama block written as Qwen2)")
+            continue
+        if not name.startswith("model.mtp_layers.0."):
+            continue
+        part, _, leaf = name.removeprefix("model.mtp_layers.0.").rpartition(".")
+        if part == "input_proj":
+            tensor = torch.cat([tensor[:, hidden:], tensor[:, :hidden]], dim=1)
+        ours[f"layers.0.{names.get(part, part)}.{leaf}"] = tensor
+    return mtp_config, ours

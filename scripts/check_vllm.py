@@ -100,7 +100,9 @@ def run(args) -> int:
             enable_prefix_caching=False,  # the warm-up prompt must not be served from cache in the timed run
             max_num_seqs=args.max_num_seqs,  # 1: one prompt at a time, like draftsmith's batch 1
         )
-        if args.draft:
+        if args.method == "mtp":  # the model's own MTP layers (an `export --format mtp-mimo` folder)
+            kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.k or 1}
+        elif args.draft:
             kwargs["speculative_config"] = {
                 "method": "eagle3",
                 "model": args.draft,
@@ -352,6 +354,7 @@ def main() -> int:
     r = sub.add_parser("run", help="one vLLM engine over draftsmith's prompt ids (vLLM venv)")
     r.add_argument("--model", required=True, help="target folder, or a speculators head folder")
     r.add_argument("--draft", help="EAGLE-3 head folder for speculative_config (method eagle3)")
+    r.add_argument("--method", default="eagle3", help="eagle3, or mtp: --model's own MTP layers")
     r.add_argument(
         "--k",
         type=int,

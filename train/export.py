@@ -8,7 +8,8 @@ model card, optionally pushed to the Hugging Face Hub.
 
 Formats: `draftsmith` (our folder, the default), `eagle3` (official / SGLang layout; `--engine vllm`
 writes the aux-layer ids the way vLLM reads them), `speculators` (vLLM's native layout), `mtp` (DeepSeek
-layout: the target with the modules appended as layers; runtime/mtp_layout.py). An export is written to a
+layout: the target with the modules appended as layers), `mtp-mimo` (one module in MiMo's layout, which
+vLLM serves as `method: mtp`; runtime/mtp_layout.py). An export is written to a
 temporary sibling folder, read back with the same importer `--draft` uses and compared tensor by tensor
 with the head, and only then renamed into place: a failed export leaves nothing half-written.
 """
@@ -35,6 +36,7 @@ FORMATS = {
     "eagle3": ("eagle3",),
     "speculators": ("eagle3",),
     "mtp": ("mtp",),
+    "mtp-mimo": ("mtp",),
 }
 ENGINES = ("sglang", "vllm")
 TOKENIZER_FILES = (
@@ -226,12 +228,13 @@ def write_eagle3(req: ExportRequest, folder: Path, head_type: str, tmp: Path) ->
 
 
 def write_mtp(req: ExportRequest, folder: Path, head_type: str, tmp: Path) -> CardFacts:
-    """DeepSeek layout: the target's own files, its config with `num_nextn_predict_layers`, the modules
-    as layers L..L+M-1 (runtime/mtp_layout.py)."""
+    """The target's own files with the modules appended (runtime/mtp_layout.py): DeepSeek's layout
+    (`mtp`: layers L..L+M-1, `num_nextn_predict_layers`) or MiMo's (`mtp-mimo`: one module as
+    `model.mtp_layers.0.*`, the target as MiMoForCausalLM, which vLLM serves)."""
     from safetensors.torch import load_file
 
     from draftsmith.runtime.mtp import load_head
-    from draftsmith.runtime.mtp_layout import from_deepseek, to_deepseek
+    from draftsmith.runtime.mtp_layout import from_deepseek, from_mimo, to_deepseek, to_mimo
 
     head = load_head(folder)
     target_dir = _mtp_target_dir(req, folder, head.config)
@@ -241,21 +244,30 @@ def write_mtp(req: ExportRequest, folder: Path, head_type: str, tmp: Path) -> Ca
     for file in sorted(target_dir.glob("*.safetensors")):
         target_tensors.update(load_file(str(file)))
     ours = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    config, tensors = to_deepseek(head.config, ours, target_config, target_tensors)
+    to_layout = to_mimo if req.format == "mtp-mimo" else to_deepseek
+    config, tensors = to_layout(head.config, ours, target_config, target_tensors)
     tensors = {k: v.contiguous().clone() for k, v in tensors.items()}  # no shared storage in safetensors
     _write_json(tmp / "config.json", config)
     atomic_save_file(tmp / "model.safetensors", tensors, {"format": "pt"})
     for name in TOKENIZER_FILES + ("generation_config.json",):
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, tmp / name)
-    back_config, back_ours, back_target = from_deepseek(config, load_file(str(tmp / "model.safetensors")))
-    check_round_trip(ours, back_ours, "mtp export (modules)")
-    check_round_trip(target_tensors, back_target, "mtp export (target)")
-    details = [
-        f"{head.config.num_modules} MTP module(s) as layers {head.config.num_target_layers}.."
-        f"{head.config.num_target_layers + head.config.num_modules - 1}; target "
-        f"{'co-trained with the modules' if head.config.cotrained else 'unchanged (frozen in training)'}",
-    ]
+    written = load_file(str(tmp / "model.safetensors"))
+    if req.format == "mtp-mimo":
+        back_ours = from_mimo(config, written)[1]
+        back_target = {k: written[k] for k in target_tensors}
+    else:
+        _, back_ours, back_target = from_deepseek(config, written)
+    check_round_trip(ours, back_ours, f"{req.format} export (modules)")
+    check_round_trip(target_tensors, back_target, f"{req.format} export (target)")
+    where = (
+        "as `model.mtp_layers.0` of a MiMoForCausalLM (the target with zero q/k/v biases)"
+        if req.format == "mtp-mimo"
+        else f"as layers {head.config.num_target_layers}.."
+        f"{head.config.num_target_layers + head.config.num_modules - 1}"
+    )
+    trained = "co-trained with the modules" if head.config.cotrained else "unchanged (frozen in training)"
+    details = [f"{head.config.num_modules} MTP module(s) {where}; target {trained}"]
     return CardFacts(
         req.format,
         head_type,
@@ -347,4 +359,5 @@ WRITERS = {
     "eagle3": write_eagle3,
     "speculators": write_eagle3,
     "mtp": write_mtp,
+    "mtp-mimo": write_mtp,
 }

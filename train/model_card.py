@@ -207,6 +207,13 @@ def _serving(facts: CardFacts) -> str:
             '--prompt "Hello"\n```\n\nvLLM and SGLang load this layout only for DeepSeek architectures '
             "(`DeepSeekMTP`, `DeepseekV3ForCausalLMNextN`), so they do not serve it for a Llama target.\n"
         )
+    if facts.format == "mtp-mimo":
+        spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+        return (
+            "## Serve\n\nThis folder is the target written as `MiMoForCausalLM` (Qwen2 with zero q/k/v "
+            "biases, which computes exactly the Llama target) with the MTP module as "
+            f"`model.mtp_layers.0`. vLLM:\n\n```bash\nvllm serve {repo} --speculative-config '{spec}'\n```\n"
+        )
     draft = "mtp" if facts.head_type == "mtp" else "eagle3"
     ours = f'```bash\ndraftsmith generate --target {target} --draft {draft}:{repo} --prompt "Hello"\n```\n'
     if facts.format == "speculators":

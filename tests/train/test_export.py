@@ -242,3 +242,35 @@ def test_mtp_export_refuses_another_target(target, tmp_path, capsys):
         == 2
     )
     assert "--target" in capsys.readouterr().err and not out.exists()
+
+
+def test_mtp_mimo_layout_is_the_target_as_qwen2_plus_one_module(target, tmp_path, capsys):
+    """vLLM serves this as MiMo MTP: the target written as Qwen2 with zero q/k/v biases must decode
+    exactly like the target, and the module must read back exactly; two modules are refused."""
+    from safetensors.torch import load_file
+
+    from draftsmith.runtime.mtp_layout import from_mimo
+
+    torch.manual_seed(0)
+    head = MtpHead(MtpConfig.for_target(target, num_modules=1)).eval()
+    save_mtp(head, tmp_path / "mtp")
+    out = tmp_path / "mimo"
+    assert main(["export", str(tmp_path / "mtp"), "--format", "mtp-mimo", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["MiMoForCausalLM"] and config["model_type"] == "qwen2"
+    tensors = load_file(str(out / "model.safetensors"))
+    assert (
+        "model.mtp_layers.0.input_proj.weight" in tensors
+        and "model.layers.0.self_attn.q_proj.bias" in tensors
+    )
+    _, ours = from_mimo(config, tensors)
+    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    assert ours.keys() == expected.keys() and all(torch.equal(ours[k], expected[k]) for k in ours)
+    as_qwen2 = Target.load(str(out), device="cpu", dtype="float32")
+    prompts = random_prompts(3)
+    plain = [r.token_ids for r in generate_plain(target, prompts, SamplingParams(), 12)]
+    assert [r.token_ids for r in generate_plain(as_qwen2, prompts, SamplingParams(), 12)] == plain
+
+    save_mtp(MtpHead(MtpConfig.for_target(target, num_modules=2)), tmp_path / "mtp2")
+    assert main(["export", str(tmp_path / "mtp2"), "--format", "mtp-mimo", "--out", str(tmp_path / "x")]) == 2
+    assert "num_modules" in capsys.readouterr().err
