@@ -149,15 +149,17 @@ def result_row(target, prompt: str, res) -> dict:
 def add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="the main job on embedded defaults: data -> train an EAGLE-3 head -> bench it side by side",
+        help="the main job on embedded defaults: data -> train an EAGLE-3 head -> bench -> export",
         formatter_class=Formatter,
         description=(
             "Prepare data, train an EAGLE-3 head for the embedded target (configs/eagle3-smollm2-135m.yaml;\n"
             "a finished run is reused, an interrupted one resumes), then decode held-out prompts with plain\n"
             "decoding, transformers generate(), prompt lookup and the head (chain and dynamic tree) side by\n"
             "side (warmed up, interleaved), check greedy tokens against plain decoding and print tokens/s,\n"
-            "speedup, tau and acceptance per position.\n"
-            "Writes OUT/results.json and OUT/config.yaml (OUT = out_dir, default runs/demo).\n\n"
+            "speedup, tau and acceptance per position; then exports the head (export_formats: the SGLang\n"
+            "and speculators layouts) with model cards quoting those rows.\n"
+            "Writes OUT/results.json, OUT/config.yaml and OUT/export-FORMAT/ (OUT = out_dir, default\n"
+            "runs/demo).\n\n"
             "examples:\n"
             "  draftsmith demo --quick                    # a 40-step head, 4 prompts: under 15 minutes\n"
             "  draftsmith demo                            # the full CPU recipe (~1.5 h on 2 cores)\n"

@@ -1,4 +1,4 @@
-"""`draftsmith demo`: the main job on the embedded defaults: data -> train -> head -> bench.
+"""`draftsmith demo`: the main job on the embedded defaults: data -> train -> head -> bench -> export.
 
     draftsmith demo --quick            # a short training run and a small bench (well under 15 minutes)
     draftsmith demo                    # the full CPU recipe (configs/eagle3-smollm2-135m.yaml, ~1.5 h)
@@ -9,7 +9,9 @@
 3. bench: on held-out prompts (`prompt_set`), plain decoding, transformers `generate()`, prompt lookup
    and the trained head (chain and dynamic tree) side by side (`draftsmith.runtime.speed`), greedy
    tokens checked against plain decoding; prints the table, writes `out_dir/results.json` and the
-   resolved `out_dir/config.yaml`.
+   resolved `out_dir/config.yaml`;
+4. export: the head in each of `export_formats` (default: the official/SGLang EAGLE-3 layout and vLLM's
+   speculators layout) under `out_dir/export-FORMAT/`, each with a model card holding the bench rows.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class DemoConfig:
             "eagle3:{head}@dynamic:depth=3,topk=4,tokens=8",
         ]
     )  # {head} = the trained head folder
+    export_formats: list[str] = field(default_factory=lambda: ["eagle3", "speculators"])
     device: str = "auto"
     dtype: str = "auto"
     out_dir: str = "runs/demo"
@@ -67,6 +70,12 @@ class DemoConfig:
                 raise BadInputError(key, getattr(self, key), "an integer >= 1")
         if not self.methods:
             raise BadInputError("methods", self.methods, "at least one method")
+        from draftsmith.train.export import FORMATS
+
+        for fmt in self.export_formats:
+            if fmt not in FORMATS or "eagle3" not in FORMATS[fmt]:
+                eagle3 = [f for f, kinds in FORMATS.items() if "eagle3" in kinds]
+                raise BadInputError("export_formats", fmt, f"formats for an EAGLE-3 head: {eagle3}")
 
 
 def default_config_path() -> Path:
@@ -88,7 +97,7 @@ def train_head(cfg: DemoConfig, quick: bool):
     if quick:
         overrides += [*QUICK_TRAIN, f"output_dir={Path(cfg.out_dir) / 'head-run'}"]
     train_cfg = load_train_config(train_config_path(cfg.train_config), overrides + cfg.train_overrides)
-    log.info("demo 1/3: data + train -> %s (%d steps)", train_cfg.output_dir, train_cfg.train.max_steps)
+    log.info("demo 1/4: data + train -> %s (%d steps)", train_cfg.output_dir, train_cfg.train.max_steps)
     trainer = Trainer(train_cfg)
     last_eval = trainer.fit()
     return Path(train_cfg.output_dir) / "final", last_eval, trainer.target
@@ -111,10 +120,10 @@ def demo_main(config_path: str | None, overrides: list[str], quick: bool = False
     out = Path(cfg.out_dir)
     texts = load_prompt_set(cfg.prompt_set, cfg.num_prompts)  # bad input fails before training
     head, last_eval, target = train_head(cfg, quick)
-    log.info("demo 2/3: head %s (simulated tau on validation %.2f)", head, last_eval["simulated_tau"])
+    log.info("demo 2/4: head %s (simulated tau on validation %.2f)", head, last_eval["simulated_tau"])
     methods = [m.replace("{head}", str(head)) for m in cfg.methods]
     log.info(
-        "demo 3/3: bench on %d held-out %s prompts, %d new tokens",
+        "demo 3/4: bench on %d held-out %s prompts, %d new tokens",
         len(texts),
         cfg.prompt_set,
         cfg.max_new_tokens,
@@ -125,6 +134,7 @@ def demo_main(config_path: str | None, overrides: list[str], quick: bool = False
     )
     print(format_rows(rows))
     result = {
+        "command": "draftsmith demo" + (" --quick" if quick else "") + "".join(f" {o}" for o in overrides),
         "config": asdict(cfg),
         "head": str(head),
         "head_validation": last_eval,
@@ -142,7 +152,22 @@ def demo_main(config_path: str | None, overrides: list[str], quick: bool = False
     save_config(cfg, out / "config.yaml")
     atomic_write_text(out / "results.json", json.dumps(result, indent=2))
     log.info("wrote %s and %s", out / "results.json", out / "config.yaml")
+    result["exports"] = export_head(cfg, head, out)
     broken = [r["method"] for r in rows if r.get("greedy_identical") is False]
     if broken:
         raise DraftsmithError(f"greedy tokens differ from plain decoding for {broken}: see results.json")
     return result
+
+
+def export_head(cfg: DemoConfig, head: Path, out: Path) -> list[str]:
+    """Step 4: the head in each export format, its model card quoting this run's bench rows."""
+    from draftsmith.train.export import ExportRequest, export
+
+    folders = []
+    for fmt in cfg.export_formats:
+        request = ExportRequest(
+            str(head), fmt, str(out / f"export-{fmt}"), bench=str(out / "results.json"), overwrite=True
+        )
+        folders.append(str(export(request)))
+    log.info("demo 4/4: exported %s", ", ".join(folders) or "nothing (export_formats is empty)")
+    return folders

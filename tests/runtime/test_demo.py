@@ -40,6 +40,11 @@ def test_demo_trains_a_head_and_benches_it(demo_overrides, tmp_path, capsys):
     assert (tmp_path / "head-run" / "final" / "model.safetensors").is_file()
     assert results["head_validation"]["simulated_tau"] >= 1.0
     assert yaml.safe_load((tmp_path / "demo" / "config.yaml").read_text())["max_new_tokens"] == 8
+    for fmt, key in (("eagle3", "eagle_config"), ("speculators", "speculators_config")):
+        folder = tmp_path / "demo" / f"export-{fmt}"
+        assert key in json.loads((folder / "config.json").read_text())
+        card = (folder / "README.md").read_text()
+        assert "| eagle3:" in card and "draftsmith demo" in card  # the bench rows and their command
 
 
 def test_demo_quick_and_bad_override(demo_overrides, tmp_path, capsys):
@@ -50,3 +55,5 @@ def test_demo_quick_and_bad_override(demo_overrides, tmp_path, capsys):
     assert all(r["prompts"] == 3 for r in results["rows"])  # the file holds 3 of the 4 asked for
     assert main(["demo", "repeat=3"]) == 2  # typo: names the key and suggests 'repeats'
     assert "did you mean 'repeats'" in capsys.readouterr().err
+    assert main(["demo", "export_formats=[mtp]"]) == 2  # not a layout for an EAGLE-3 head
+    assert "export_formats" in capsys.readouterr().err
