@@ -44,6 +44,7 @@ from draftsmith.runtime.masks import attention_mask
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 MAX_MODULES = 4
+FEATURES = ("final_norm", "pre_norm")
 
 
 @dataclass
@@ -57,9 +58,15 @@ class MtpConfig:
     layer: dict = field(default_factory=dict)  # Llama fields of each module's block (eagle3.LAYER_KEYS)
     head_type: str = "mtp"
     cotrained: bool = False  # the target trained too: it ships in `target/` next to the modules
+    # h_0, the target state module 0 reads: "final_norm" = after the target's final norm (what vLLM and
+    # SGLang hand DeepSeek's MTP layer), or "pre_norm" = the residual stream before it (what vLLM's
+    # MiMo model returns, so `export --format mtp-mimo` is exact only for such modules).
+    feature: str = "final_norm"
+    # Zero the token embedding at position 0, as vLLM's MTP layers do (deepseek_mtp.py, mimo_mtp.py).
+    mask_first_position: bool = False
 
     @classmethod
-    def for_target(cls, target, num_modules: int = 1, cotrained: bool = False) -> MtpConfig:
+    def for_target(cls, target, num_modules: int = 1, cotrained: bool = False, **options) -> MtpConfig:
         cfg = target.config.to_dict()
         layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
         layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
@@ -72,6 +79,7 @@ class MtpConfig:
             num_target_layers=target.num_layers,
             layer=layer,
             cotrained=cotrained,
+            **options,
         ).validate()
 
     @property
@@ -87,6 +95,8 @@ class MtpConfig:
         ]
         if missing:
             raise BadInputError("layer", sorted(self.layer), f"the Llama fields {missing} too")
+        if self.feature not in FEATURES:
+            raise BadInputError("feature", self.feature, f"one of {', '.join(FEATURES)}")
         return self
 
     def llama_config(self) -> LlamaConfig:
@@ -133,10 +143,10 @@ class MtpHead(nn.Module):
         params = inspect.signature(LlamaDecoderLayer.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
-    @staticmethod
-    def target_feature(target, last_hidden: torch.Tensor) -> torch.Tensor:
-        """h_0: the target's last decoder output [.., H] after its final norm."""
-        return target.final_norm(last_hidden)
+    def target_feature(self, target, last_hidden: torch.Tensor) -> torch.Tensor:
+        """h_0 from the target's last decoder output [.., H] (pre-norm): after its final norm, or as it
+        is (`config.feature`)."""
+        return last_hidden if self.config.feature == "pre_norm" else target.final_norm(last_hidden)
 
     def init_from_target(self, target) -> None:
         """Start each block as a copy of the target's last decoder layer and each shared_head norm as its
@@ -173,6 +183,8 @@ class MtpHead(nn.Module):
             mask = attention_mask(cache.valid[:, : cache.length + new], new, tree_mask)  # [B, 1, T, S]
         elif mask is not None:
             mask = mask[None, None]
+        if self.config.mask_first_position:
+            embeds = embeds.masked_fill(position_ids[..., None] == 0, 0.0)
         x = layer.eh_proj(torch.cat([layer.enorm(embeds), layer.hnorm(feature)], dim=-1))  # [B, T, H]
         rope = self.rotary(x, position_ids=position_ids)
         h = layer(

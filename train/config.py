@@ -26,6 +26,11 @@ class HeadConfig:
     norm_before_fc: bool = False  # EAGLE-3.1: one RMSNorm over the concatenated aux states before fc
     num_modules: int = 1  # MTP: depth M, module m predicts token t+m+2 (1..4)
     labels: Literal["target", "data"] = "target"  # MTP: the target's distributions, or the data's tokens
+    # MTP input conventions (runtime/mtp.py): h_0 after the target's final norm (DeepSeek) or before it
+    # (pre_norm: what vLLM's MiMo model feeds, for `export --format mtp-mimo`), and vLLM's zeroed
+    # embedding at position 0.
+    mtp_feature: Literal["final_norm", "pre_norm"] = "final_norm"
+    mtp_mask_first_position: bool = False
 
 
 @dataclass
@@ -153,6 +158,9 @@ class TrainConfig:
     def _validate_mtp(self) -> None:
         from draftsmith.runtime.mtp import MAX_MODULES
 
+        for key, default in (("mtp_feature", "final_norm"), ("mtp_mask_first_position", False)):
+            if self.head.type != "mtp" and getattr(self.head, key) != default:
+                raise BadInputError(f"head.{key}", getattr(self.head, key), f"{default} (an MTP option)")
         if not 1 <= self.head.num_modules <= MAX_MODULES:
             raise BadInputError(
                 "head.num_modules", self.head.num_modules, f"an integer in [1, {MAX_MODULES}]"

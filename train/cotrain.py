@@ -97,11 +97,21 @@ def make_trainable(target, cotrain):
     return peft_model
 
 
-def target_hidden(target, input_ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """The target's last hidden state after its final norm [B, T, H] (h_0 of the MTP modules), via the
-    model's own forward on a right-padded batch."""
-    out = target.decoder(input_ids=input_ids, attention_mask=valid.long(), use_cache=False)
-    return out.last_hidden_state
+def target_hidden(target, input_ids: torch.Tensor, valid: torch.Tensor, with_pre_norm: bool = False):
+    """The target's last hidden state after its final norm [B, T, H] via the model's own forward on a
+    right-padded batch; with `with_pre_norm`, also the residual stream entering that norm (a hook)."""
+    captured = []
+    hook = (
+        target.decoder.norm.register_forward_hook(lambda _m, args, _out: captured.append(args[0]))
+        if with_pre_norm
+        else None
+    )
+    try:
+        out = target.decoder(input_ids=input_ids, attention_mask=valid.long(), use_cache=False)
+    finally:
+        if hook is not None:
+            hook.remove()
+    return (out.last_hidden_state, captured[-1]) if with_pre_norm else out.last_hidden_state
 
 
 def _logits_at(target, batch, sel) -> torch.Tensor:

@@ -268,6 +268,8 @@ def write_mtp(req: ExportRequest, folder: Path, head_type: str, tmp: Path) -> Ca
     )
     trained = "co-trained with the modules" if head.config.cotrained else "unchanged (frozen in training)"
     details = [f"{head.config.num_modules} MTP module(s) {where}; target {trained}"]
+    if req.format == "mtp-mimo":
+        details.append(_mimo_exactness(head.config))
     return CardFacts(
         req.format,
         head_type,
@@ -275,6 +277,25 @@ def write_mtp(req: ExportRequest, folder: Path, head_type: str, tmp: Path) -> Ca
         license=_license(req, asdict(head.config)),
         size=_size(ours) + " in the modules",
         details=details,
+    )
+
+
+def _mimo_exactness(config) -> str:
+    """vLLM's MiMo MTP reads the target's pre-norm last state and zeroes the embedding at position 0;
+    a module trained otherwise still serves losslessly there, with other (usually lower) acceptance."""
+    if config.feature == "pre_norm" and config.mask_first_position:
+        return "inputs as vLLM's MiMo MTP computes them (pre-norm target state, position 0 masked): exact"
+    log.warning(
+        "export: this module reads h_0 %s and %s position 0; vLLM's MiMo MTP feeds the pre-norm state and "
+        "masks position 0, so vLLM will draft with other inputs (still lossless, other acceptance). "
+        "Train with head.mtp_feature=pre_norm head.mtp_mask_first_position=true for an exact export.",
+        "after the final norm" if config.feature == "final_norm" else "before the final norm",
+        "masks" if config.mask_first_position else "does not mask",
+    )
+    return (
+        "approximate in vLLM: it feeds the pre-norm target state and masks position 0, this module was "
+        f"trained with feature={config.feature}, mask_first_position={config.mask_first_position} "
+        "(lossless, other acceptance)"
     )
 
 

@@ -119,13 +119,16 @@ class MtpModel(nn.Module):
         target = self._target[0]
         cotrain = self.cotrain_weight is not None
         with torch.set_grad_enabled(cotrain and torch.is_grad_enabled()):
-            if last_hidden is None:
-                h0 = target_hidden(target, input_ids, valid)  # [B, T, H] after the final norm
+            if last_hidden is None:  # [B, T, H] after the final norm, and the residual stream before it
+                h0, last_hidden = target_hidden(target, input_ids, valid, with_pre_norm=True)
             else:  # offline: the captured pre-norm last hidden state
                 h0 = target.final_norm(last_hidden.to(target.dtype))
+            feature = last_hidden if self.head.config.feature == "pre_norm" else h0  # module 0 reads it
             sel = teacher_positions(loss_mask, valid)  # [B, T]
             logits = target.lm_head(h0[sel])  # [N, V] only where some loss reads them
-        out = mtp_loss(self.head, target, input_ids, h0, logits, loss_mask, valid, self.labels, self.decay)
+        out = mtp_loss(
+            self.head, target, input_ids, feature, logits, loss_mask, valid, self.labels, self.decay
+        )
         loss = out.loss
         if cotrain:
             loss = next_token_loss(logits, input_ids, sel) + self.cotrain_weight * loss
@@ -154,7 +157,13 @@ class MtpKind:
         self.target, self.cfg = target, cfg
         cotrain = cfg.cotrain.enabled
         self.peft_model = make_trainable(target, cfg.cotrain) if cotrain else None
-        config = MtpConfig.for_target(target, cfg.head.num_modules, cotrained=cotrain)
+        config = MtpConfig.for_target(
+            target,
+            cfg.head.num_modules,
+            cotrained=cotrain,
+            feature=cfg.head.mtp_feature,
+            mask_first_position=cfg.head.mtp_mask_first_position,
+        )
         self.head = MtpHead(config)
         if cfg.head.init_from_target:
             self.head.init_from_target(target)

@@ -40,7 +40,7 @@ def mtp_loss(
     head: MtpHead,
     target,
     input_ids: torch.Tensor,  # [B, T]
-    h0: torch.Tensor,  # [B, T, H] the target's last hidden state after its final norm
+    h0: torch.Tensor,  # [B, T, H] module 0's feature: head.target_feature of the target's last state
     teacher_logits: torch.Tensor,  # [N, V] the target's logits at `teacher_positions` (used detached)
     loss_mask: torch.Tensor,  # [B, T] 1 = token t is supervised
     valid: torch.Tensor,  # [B, T] False on right padding

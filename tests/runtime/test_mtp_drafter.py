@@ -34,6 +34,17 @@ def head3(target):
 
 
 @pytest.fixture(scope="module")
+def head3_vllm(head3):
+    """head3's weights with vLLM's MTP input conventions (the MiMo layout's): h_0 before the target's
+    final norm, the embedding at position 0 zeroed."""
+    from dataclasses import replace
+
+    head = MtpHead(replace(head3.config, feature="pre_norm", mask_first_position=True)).eval()
+    head.load_state_dict(head3.state_dict())
+    return head
+
+
+@pytest.fixture(scope="module")
 def head1(target):
     torch.manual_seed(1)
     return MtpHead(MtpConfig.for_target(target, num_modules=1)).eval()
@@ -46,6 +57,7 @@ CASES = [  # (head, tree, recursive)
     ("head3", "static:binary-3", False),
     ("head3", "dynamic:depth=3,topk=2,tokens=6", False),
     ("head3", "chain:5", True),
+    ("head3_vllm", "chain:3", False),
     ("head1", "chain:4", True),
     ("head1", "dynamic:depth=3,topk=2,tokens=6", True),
 ]
@@ -96,10 +108,23 @@ def training_outputs(head, target, ctx, feats):
 
 
 @torch.no_grad()
-def test_module_caches_after_commits_equal_the_training_forward(target, head3):
+def test_vllm_input_conventions_change_every_module(target, head3, head3_vllm):
+    """The negative control for the two options: same weights, other inputs, other outputs."""
+    ctx = PROMPTS[0] + [7, 8, 9]
+    feats = torch.randn(len(ctx) - 1, target.hidden_size)
+    for a, b in zip(
+        training_outputs(head3, target, ctx, feats), training_outputs(head3_vllm, target, ctx, feats)
+    ):
+        assert not torch.allclose(a, b)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("which", ["head3", "head3_vllm"])
+def test_module_caches_after_commits_equal_the_training_forward(target, request, which):
     """Ragged accepted paths for a few cycles, then a chain draft: module m's output at the root's
     position, fed the drafted tokens, must equal the training-time computation over the committed
     context extended by those drafted tokens."""
+    head3 = request.getfixturevalue(which)
     layers = (target.num_layers - 1,)
     prompts = PROMPTS[:3]
     _, _, features = prefill_features(target, prompts, 8, layers)

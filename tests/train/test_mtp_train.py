@@ -158,11 +158,21 @@ def test_cotraining_resume_is_exact(tiny_dir, source, data_dir, tmp_path):
     )
 
 
-def test_offline_mode_matches_online(tiny_dir, source, data_dir, tmp_path):
+VLLM_INPUTS = ["head.mtp_feature=pre_norm", "head.mtp_mask_first_position=true"]
+
+
+@pytest.mark.parametrize("options", [[], VLLM_INPUTS], ids=["final-norm", "vllm-inputs"])
+def test_offline_mode_matches_online(tiny_dir, source, data_dir, tmp_path, options):
+    """Online runs the target here (its pre-norm state through a hook for pre_norm modules); offline
+    reads the captured pre-norm state: the same losses either way."""
     a, b = online_and_offline_losses(
-        lambda out, *extra: config(tiny_dir, source, data_dir, out, *extra), train, tmp_path
+        lambda out, *extra: config(tiny_dir, source, data_dir, out, *options, *extra), train, tmp_path
     )
     assert a == pytest.approx(b, rel=1e-4, abs=1e-5)  # batched HF forward vs per-row capture: rounding only
+    saved = load_head(tmp_path / "online" / "final").config
+    assert (saved.feature, saved.mask_first_position) == (
+        ("pre_norm", True) if options else ("final_norm", False)
+    )
 
 
 @pytest.mark.parametrize(
@@ -173,6 +183,8 @@ def test_offline_mode_matches_online(tiny_dir, source, data_dir, tmp_path):
         (["cotrain.enabled=true", "data.mode=offline"], "data.mode=online"),
         (["cotrain.enabled=true", "cotrain.lora_target_modules=no_such_proj"], "cotrain.lora_target_modules"),
         (["head.labels=guess"], "head.labels"),
+        (["head.mtp_feature=middle"], "head.mtp_feature"),
+        (["head.type=eagle3", "head.mtp_mask_first_position=true"], "head.mtp_mask_first_position"),
     ],
 )
 def test_bad_mtp_configs_exit_2_naming_the_field(tiny_dir, source, data_dir, tmp_path, capsys, bad, field):
