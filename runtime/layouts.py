@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.artifacts import tokenizer_hash, validate_draft_vocab
+from draftsmith.runtime.artifacts import check_tensors, tokenizer_hash, validate_draft_vocab
 from draftsmith.runtime.aux_layers import (
     AUX_LAYER_CONVENTION,
     default_aux_layers,
@@ -214,10 +214,9 @@ def from_layout(
         cfg = _config_from_engine(config, layout, target, ids)
     if target is not None:
         check_head_matches_target(cfg, target)
+        _check_embedding(tensors.get("embed_tokens.weight"), target)
     head = Eagle3Head(cfg)
     tensors = _our_names(tensors, layout, cfg)
-    from draftsmith.runtime.artifacts import check_tensors
-
     expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     check_tensors(expected, tensors, f"EAGLE-3 ({layout} layout) {name}")
     head.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
@@ -229,9 +228,12 @@ def _config_from_engine(config: dict, layout: str, target, ids: str) -> Eagle3Co
     layer_cfg = config["transformer_layer_config"] if layout == "speculators" else config
     if layer_cfg.get("num_hidden_layers", 1) != 1:
         raise BadInputError("num_hidden_layers", layer_cfg["num_hidden_layers"], "1 (one draft layer)")
-    for flag in ("norm_output",):
-        if config.get(flag):
-            raise BadInputError(flag, True, "false (EAGLE-3.1 output norm is not implemented by draftsmith)")
+    if config.get("embed_requires_grad"):
+        raise BadInputError(
+            "embed_requires_grad", True, "false: draftsmith heads read the target's embedding"
+        )
+    if config.get("norm_output"):
+        raise BadInputError("norm_output", True, "false (EAGLE-3.1's output norm is not implemented here)")
     ours = config.get("draftsmith") or {}
     vocab = layer_cfg.get("vocab_size")
     hidden = layer_cfg["hidden_size"]
@@ -273,6 +275,17 @@ def _aux_ids(config: dict, layout: str, ours: dict, target, ids: str) -> list[in
     if target is None:
         raise BadInputError("eagle_aux_hidden_state_layer_ids", None, "explicit ids, or a target to default")
     return list(default_aux_layers(target.num_layers))  # both engines' default taps the same tensors
+
+
+def _check_embedding(embed: torch.Tensor | None, target) -> None:
+    """A stored embedding (speculators writes one) must be the target's: the head uses the target's."""
+    if embed is None:
+        return
+    ours = target.decoder.embed_tokens.weight.detach()
+    if embed.shape != ours.shape or not torch.allclose(embed.to(ours), ours, rtol=1e-2, atol=1e-3):
+        raise BadInputError(
+            "embed_tokens.weight", "an embedding other than the target's", f"the embedding of {target.name}"
+        )
 
 
 def _borrowed_tokenizer_hash(target) -> str:

@@ -146,6 +146,8 @@ def test_foreign_head_without_t2d_or_ids(target, head):
         (lambda c, t: c.update({"norm_output": True}), "norm_output"),
         (lambda c, t: c.update({"vocab_size": 256}), "vocab_size"),
         (lambda c, t: c.update({"architectures": ["LlamaForCausalLM"]}), "config.json"),
+        (lambda c, t: c.update({"embed_requires_grad": True}), "embed_requires_grad"),
+        (lambda c, t: t.update({"embed_tokens.weight": torch.randn(128, 64)}), "embed_tokens.weight"),
     ],
 )
 def test_bad_layouts_are_refused_naming_the_field(target, head, edit, field):
