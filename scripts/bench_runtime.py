@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import statistics
+import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -112,6 +114,7 @@ def main() -> None:
         "date": str(date.today()),
         "machine": platform.processor() or platform.machine(),
         "threads": args.threads,
+        "command": "python scripts/bench_runtime.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
