@@ -146,12 +146,29 @@ def weights_hash(model) -> str:
     one checkpoint agree). Two fine-tunes of one base, or a co-trained target and its original, differ."""
     decoder = model.model if hasattr(model, "model") else model
     layers = decoder.layers
-    parts = [
-        decoder.norm.weight,
-        layers[0].self_attn.q_proj.weight,
-        layers[-1].self_attn.q_proj.weight,
-        layers[-1].mlp.down_proj.weight,
+    return _hash_parts(
+        [
+            decoder.norm.weight,
+            layers[0].self_attn.q_proj.weight,
+            layers[-1].self_attn.q_proj.weight,
+            layers[-1].mlp.down_proj.weight,
+        ]
+    )
+
+
+def weights_hash_of_tensors(tensors: dict[str, torch.Tensor], num_layers: int) -> str:
+    """`weights_hash` from a checkpoint's tensors (HF names), without building the model."""
+    last = num_layers - 1
+    names = [
+        "model.norm.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        f"model.layers.{last}.self_attn.q_proj.weight",
+        f"model.layers.{last}.mlp.down_proj.weight",
     ]
+    return _hash_parts([tensors[n] for n in names])
+
+
+def _hash_parts(parts: list[torch.Tensor]) -> str:
     digest = hashlib.blake2b(digest_size=8)
     for t in parts:
         digest.update(t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())

@@ -238,11 +238,11 @@ def write_mtp(req: ExportRequest, folder: Path, head_type: str, tmp: Path) -> Ca
 
     head = load_head(folder)
     target_dir = _mtp_target_dir(req, folder, head.config)
-    _check_target_weights(target_dir, head.config)
     target_config = json.loads((target_dir / "config.json").read_text())
     target_tensors: dict[str, torch.Tensor] = {}
     for file in sorted(target_dir.glob("*.safetensors")):
         target_tensors.update(load_file(str(file)))
+    _check_target_weights(target_dir, target_tensors, target_config, head.config)
     ours = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     to_layout = to_mimo if req.format == "mtp-mimo" else to_deepseek
     config, tensors = to_layout(head.config, ours, target_config, target_tensors)
@@ -351,14 +351,11 @@ def _mtp_target_dir(req: ExportRequest, folder: Path, config) -> Path:
     return found
 
 
-def _check_target_weights(target_dir: Path, config) -> None:
+def _check_target_weights(target_dir: Path, tensors: dict, target_config: dict, config) -> None:
     """The appended modules only work on the weights they were trained with (artifacts.weights_hash)."""
-    from transformers import AutoModelForCausalLM
+    from draftsmith.runtime.artifacts import weights_hash_of_tensors
 
-    from draftsmith.runtime.artifacts import weights_hash
-
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-    got = weights_hash(model)
+    got = weights_hash_of_tensors(tensors, target_config["num_hidden_layers"])
     if got != config.target_weights_hash:
         raise BadInputError(
             "--target",

@@ -217,6 +217,15 @@ def test_hub_ids_download_head_files_only(target, head, tmp_path, monkeypatch):
 # ---- MTP: DeepSeek layout ----------------------------------------------------------------------------
 
 
+def test_weights_hash_from_tensors_equals_the_models(target):
+    from draftsmith.runtime.artifacts import weights_hash, weights_hash_of_tensors
+
+    state = target.model.state_dict()
+    assert weights_hash_of_tensors(state, target.num_layers) == weights_hash(target.model)
+    state["model.norm.weight"] = state["model.norm.weight"] + 1
+    assert weights_hash_of_tensors(state, target.num_layers) != weights_hash(target.model)
+
+
 def test_mtp_deepseek_layout_round_trip(target, tmp_path):
     torch.manual_seed(0)
     head = MtpHead(MtpConfig.for_target(target, num_modules=2)).eval()
