@@ -210,13 +210,9 @@ def save_head(head: MtpHead, folder: str | Path) -> None:
     save_head_files(head, folder, "mtp")
 
 
-def read_config(folder: str | Path) -> MtpConfig:
-    return _read(folder, tensors=False)[0]
-
-
-def _read(folder: str | Path, tensors: bool = True) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
-    """Our folder (config.json + model.safetensors), or a model folder in DeepSeek's layout with the
-    modules appended as extra layers (runtime/mtp_layout.py) -> (config, our module tensors)."""
+def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
+    """Our folder (config.json + model.safetensors), or a model folder with the modules inside it in
+    DeepSeek's or MiMo's layout (runtime/mtp_layout.py) -> (config, our module tensors)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -224,15 +220,14 @@ def _read(folder: str | Path, tensors: bool = True) -> tuple[MtpConfig, dict[str
         raise BadInputError("mtp head", str(folder), f"a folder with {CONFIG_FILE} and *.safetensors")
     raw = json.loads((folder / CONFIG_FILE).read_text())
     if "num_nextn_predict_layers" in raw:
-        from draftsmith.runtime.mtp_layout import deepseek_mtp_config, from_deepseek
+        from draftsmith.runtime.mtp_layout import from_deepseek, from_mimo
 
-        if not tensors:
-            return deepseek_mtp_config(raw), {}
         files = {}
         for file in sorted(folder.glob("*.safetensors")):
             files.update(load_file(str(file)))
-        config, ours, _ = from_deepseek(raw, files)
-        return config, ours
+        if "MiMoForCausalLM" in (raw.get("architectures") or ()):
+            return from_mimo(raw, files)
+        return from_deepseek(raw, files)[:2]
     if raw.get("head_type") != "mtp":
         raise BadInputError("head_type", raw.get("head_type"), "mtp")
     try:
@@ -241,12 +236,12 @@ def _read(folder: str | Path, tensors: bool = True) -> tuple[MtpConfig, dict[str
         raise BadInputError(
             f"{folder / CONFIG_FILE}", sorted(raw), "the MtpConfig fields", str(err)
         ) from None
-    return config, load_file(str(folder / WEIGHTS_FILE)) if tensors else {}
+    return config, load_file(str(folder / WEIGHTS_FILE))
 
 
 def load_head(folder: str | Path, target=None) -> MtpHead:
     """Strict load (names, shapes, finite values), checked against `target` when given."""
-    config, tensors = _read(folder)
+    config, tensors = read_folder(folder)
     if target is not None:
         check_head_matches_target(config, target, folder)
     head = MtpHead(config)

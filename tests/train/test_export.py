@@ -270,6 +270,10 @@ def test_mtp_mimo_layout_is_the_target_as_qwen2_plus_one_module(target, tmp_path
     prompts = random_prompts(3)
     plain = [r.token_ids for r in generate_plain(target, prompts, SamplingParams(), 12)]
     assert [r.token_ids for r in generate_plain(as_qwen2, prompts, SamplingParams(), 12)] == plain
+    drafter = build_drafter(f"mtp:{out}", target, parse_tree_spec("chain:1"))  # the folder drafts too
+    assert [
+        r.token_ids for r in generate_speculative(target, drafter, prompts, SamplingParams(), 12)
+    ] == plain
 
     save_mtp(MtpHead(MtpConfig.for_target(target, num_modules=2)), tmp_path / "mtp2")
     assert main(["export", str(tmp_path / "mtp2"), "--format", "mtp-mimo", "--out", str(tmp_path / "x")]) == 2
