@@ -187,8 +187,6 @@ def write_draftsmith(req: ExportRequest, folder: Path, head_type: str, tmp: Path
 
 def write_eagle3(req: ExportRequest, folder: Path, head_type: str, tmp: Path) -> CardFacts:
     """Official / SGLang layout (`--engine` picks the aux-id convention) or speculators (vLLM native)."""
-    from safetensors.torch import load_file
-
     from draftsmith.runtime.eagle3 import load_head
     from draftsmith.runtime.layouts import load_eagle3, to_official, to_speculators
 
@@ -206,7 +204,6 @@ def write_eagle3(req: ExportRequest, folder: Path, head_type: str, tmp: Path) ->
     check_round_trip(head.state_dict(), back.state_dict(), f"{req.format} export")
     if asdict(back.config) != asdict(head.config):
         raise DraftsmithError(f"{req.format} export: the config read back differs from the head's")
-    written = load_file(str(tmp / "model.safetensors"))
     ids = (
         config.get("eagle_aux_hidden_state_layer_ids")
         or config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
@@ -222,7 +219,7 @@ def write_eagle3(req: ExportRequest, folder: Path, head_type: str, tmp: Path) ->
         head.config.target,
         license=_license(req, asdict(head.config)),
         engine=engine if req.format == "eagle3" else None,
-        size=_size(written),
+        size=_size(tensors),
         details=details,
     )
 
