@@ -80,6 +80,11 @@ class Drafter:
         """accepted[i]: node ids the target accepted in row i; features[i]: the target's features at the
         root and those nodes [1 + len(accepted[i]), A*H] (feature heads only)."""
 
+    def skip(self, features: list[torch.Tensor] | None = None) -> None:
+        """A cycle ran without a draft (a load-aware plain step): its committed token (and the target's
+        features there) reach the drafter at the next `propose`. Drafters that read only `contexts` need
+        nothing; feature heads keep the features."""
+
     def retain(self, rows: list[int]) -> None:
         if self.generators is not None:
             self.generators = [self.generators[r] for r in rows]

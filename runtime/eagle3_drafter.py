@@ -103,6 +103,9 @@ class Eagle3Drafter(LMDrafter):
         self.cached = [seen + n for seen, n in zip(self.cached, self.pending_counts, strict=True)]
         self.features = list(features)
 
+    def skip(self, features=None) -> None:
+        self.features = [torch.cat([old, new]) for old, new in zip(self.features, features, strict=True)]
+
     def retain(self, rows: list[int]) -> None:
         Drafter.retain(self, rows)
         self.cache.retain(torch.tensor(rows, device=self.model.device))

@@ -34,6 +34,7 @@ class GenerationResult:
     draft_forwards: int = 0  # draft model forwards this row took part in
     accepted_lengths: list[int] = field(default_factory=list)  # per cycle: drafted tokens accepted
     draft_depths: list[int] = field(default_factory=list)  # per cycle: depth of the drafted tree
+    ttft_s: float = 0.0  # time from the batch's start to this row's first new token (prefill included)
 
     @property
     def new_tokens(self) -> int:
@@ -170,8 +171,10 @@ def decode_batch(
     tokens: list[list[int]] = [[] for _ in range(batch)]
     forwards = [1] * batch
     finish = [""] * batch
+    ttft = None
     while True:
         chosen = next_tokens(logits, params, generators).tolist()  # [B]
+        ttft = ttft or time.perf_counter() - start_time
         for i, tok in enumerate(chosen):
             if finish[i]:
                 continue
@@ -188,6 +191,6 @@ def decode_batch(
             forwards[i] += not finish[i]
     wall = time.perf_counter() - start_time
     return [
-        GenerationResult(p, t, f, n, wall)
+        GenerationResult(p, t, f, n, wall, ttft_s=ttft)
         for p, t, f, n in zip(prompts, tokens, finish, forwards, strict=True)
     ]

@@ -168,6 +168,10 @@ class MtpDrafter(LMDrafter):
                 cache.crop(self.draft_start[module])
         self.feats[0] = [self._target_feature(f) for f in features]
 
+    def skip(self, features=None) -> None:
+        new = [self._target_feature(f) for f in features]
+        self.feats[0] = [torch.cat([old, f]) for old, f in zip(self.feats[0], new, strict=True)]
+
     def retain(self, rows: list[int]) -> None:
         Drafter.retain(self, rows)
         index = torch.tensor(rows, device=self.model.device)

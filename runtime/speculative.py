@@ -32,12 +32,13 @@ from draftsmith.runtime.acceptance import (
     generator_coin,
     generator_draw,
 )
-from draftsmith.runtime.drafting import Draft, Drafter
+from draftsmith.runtime.drafting import Draft, Drafter, root_only
 from draftsmith.runtime.engine import GenerationResult, batches, prefill_features, stop_reason, token_budgets
 from draftsmith.runtime.kv_cache import KVCache
+from draftsmith.runtime.load_aware import LoadAwareDepth
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs, make_generators, next_tokens
 from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import ancestor_mask
+from draftsmith.runtime.tree import ancestor_mask, chain
 
 DRAFT_SEED_SALT = 0x5EED  # the drafter's random streams differ from the verifier's (reliability.md A5)
 
@@ -51,8 +52,10 @@ def generate_speculative(
     seed: int = 0,
     batch_size: int = 1,
     progress: bool = False,
+    policy: LoadAwareDepth | None = None,
 ) -> list[GenerationResult]:
-    """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order."""
+    """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order.
+    With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step)."""
     results: list[GenerationResult] = []
     desc = f"generate ({drafter.name})"
     for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, desc):
@@ -61,7 +64,7 @@ def generate_speculative(
             gens = make_generators(seed, rows, target.device)
             draft_gens = make_generators(seed + DRAFT_SEED_SALT, rows, target.device)
         batch = [prompts[r] for r in rows]
-        results += speculate_batch(target, drafter, batch, params, max_new_tokens, gens, draft_gens)
+        results += speculate_batch(target, drafter, batch, params, max_new_tokens, gens, draft_gens, policy)
     return results
 
 
@@ -74,6 +77,7 @@ def speculate_batch(
     max_new_tokens: int,
     generators: list[torch.Generator] | None,
     draft_generators: list[torch.Generator] | None,
+    policy: LoadAwareDepth | None = None,
 ) -> list[GenerationResult]:
     start_time = time.perf_counter()
     budget = token_budgets(target, prompts, max_new_tokens)
@@ -82,7 +86,9 @@ def speculate_batch(
     eos = set(target.eos_token_ids)
     results = [GenerationResult(p, [], "", 1, 0.0) for p in prompts]
     first = next_tokens(logits, params, generators).tolist()  # [B], plain decoding's first step
+    ttft = time.perf_counter() - start_time
     for res, tok, row_budget in zip(results, first, budget, strict=True):
+        res.ttft_s = ttft
         emit(res, [tok], row_budget, max_new_tokens, eos)
     drafter.start(prompts, params, draft_generators, features)
     active = list(range(len(prompts)))  # batch row -> result index
@@ -98,9 +104,19 @@ def speculate_batch(
             active = [active[i] for i in running]
         contexts = [results[r].prompt_token_ids + results[r].token_ids for r in active]
         before = drafter.forwards
-        drafts = drafter.propose(contexts)
+        depth, draft_s = None, time.perf_counter()
+        if policy is not None:
+            depth = policy.choose(len(active))
+            drafter.tree = chain(depth) if depth else drafter.tree
+        drafts = [root_only(c[-1]) for c in contexts] if depth == 0 else drafter.propose(contexts)
+        draft_s = time.perf_counter() - draft_s
         verdicts, features = verify(target, cache, drafts, contexts, params, generators, layers)
-        drafter.commit([v.accepted for v in verdicts], features)
+        if depth == 0:
+            drafter.skip(features)  # the drafter catches up at its next proposal
+        else:
+            drafter.commit([v.accepted for v in verdicts], features)
+        if policy is not None:
+            policy.observe(len(active), depth, [len(v.accepted) for v in verdicts], draft_s)
         for r, draft, verdict in zip(active, drafts, verdicts, strict=True):
             res = results[r]
             res.target_forwards += 1

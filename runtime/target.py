@@ -66,6 +66,7 @@ class Target:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
+        self.path: str | None = None  # the local folder it was loaded from (Target.load sets it)
         self.config = model.config
         self.decoder = model.model  # embed_tokens, layers, norm, rotary_emb
         # transformers renamed the layers' cache argument (past_key_values -> cache) during 5.x.
@@ -88,7 +89,9 @@ class Target:
             tokenizer = AutoTokenizer.from_pretrained(resolved.path)
         finally:
             hf_logging.enable_progress_bar()
-        return cls(model, tokenizer, resolved.name)
+        target = cls(model, tokenizer, resolved.name)
+        target.path = str(resolved.path)
+        return target
 
     # ---- shape facts -------------------------------------------------------------------------------
     @property
@@ -137,10 +140,15 @@ class Target:
     def encode(self, text: str, chat: bool = True) -> list[int]:
         """Prompt ids: chat-templated (one user turn + the assistant header) unless chat=False."""
         if chat and self.tokenizer.chat_template:
-            messages = [{"role": "user", "content": text}]
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return self.encode_chat([{"role": "user", "content": text}])
         return self.tokenizer(text)["input_ids"]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation ({"role", "content"} dicts, ending with a user turn) + the assistant header."""
+        if not self.tokenizer.chat_template:
+            raise BadInputError("target chat template", None, "a tokenizer with a chat template (multi-turn)")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

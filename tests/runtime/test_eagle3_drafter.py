@@ -59,9 +59,11 @@ def test_seeded_sampling_does_not_depend_on_batch_size(target, head, spec):
 
 
 @torch.no_grad()
-def test_head_cache_after_commits_equals_a_fresh_forward(target, head):
-    """Drive the drafter by hand with ragged accepted paths; the root output it computes from its cache
-    must equal the head run from scratch over all (token t+1, target feature t) pairs."""
+@pytest.mark.parametrize("skipped", [(), (1,), (0, 1, 2)])
+def test_head_cache_after_commits_equals_a_fresh_forward(target, head, skipped):
+    """Drive the drafter by hand with ragged accepted paths, some cycles skipped (load-aware plain steps:
+    one token and its target feature, no proposal); the root output it computes from its cache must equal
+    the head run from scratch over all (token t+1, target feature t) pairs."""
     layers = tuple(head.config.aux_layer_ids)
     prompts = PROMPTS[:3]
     _, _, features = prefill_features(target, prompts, 8, layers)
@@ -70,6 +72,13 @@ def test_head_cache_after_commits_equals_a_fresh_forward(target, head):
     contexts = [p + [7] for p in prompts]
     all_feats = [f.clone() for f in features]
     for cycle in range(3):
+        if cycle in skipped:
+            new_feats = [torch.randn(1, features[0].shape[-1]) for _ in prompts]
+            for b in range(len(prompts)):
+                contexts[b] = contexts[b] + [20 + b + cycle]
+                all_feats[b] = torch.cat([all_feats[b], new_feats[b]])
+            drafter.skip(new_feats)
+            continue
         drafts = drafter.propose(contexts)
         accepted, new_feats = [], []
         for b, draft in enumerate(drafts):

@@ -119,11 +119,11 @@ def test_vllm_input_conventions_change_every_module(target, head3, head3_vllm):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("which", ["head3", "head3_vllm"])
-def test_module_caches_after_commits_equal_the_training_forward(target, request, which):
-    """Ragged accepted paths for a few cycles, then a chain draft: module m's output at the root's
-    position, fed the drafted tokens, must equal the training-time computation over the committed
-    context extended by those drafted tokens."""
+@pytest.mark.parametrize(("which", "skipped"), [("head3", ()), ("head3_vllm", ()), ("head3", (0, 2))])
+def test_module_caches_after_commits_equal_the_training_forward(target, request, which, skipped):
+    """Ragged accepted paths for a few cycles (some skipped: load-aware plain steps, one token and its
+    feature, no proposal), then a chain draft: module m's output at the root's position, fed the drafted
+    tokens, must equal the training-time computation over the committed context extended by them."""
     head3 = request.getfixturevalue(which)
     layers = (target.num_layers - 1,)
     prompts = PROMPTS[:3]
@@ -133,6 +133,13 @@ def test_module_caches_after_commits_equal_the_training_forward(target, request,
     contexts = [p + [7] for p in prompts]
     all_feats = [f.clone() for f in features]
     for cycle in range(3):
+        if cycle in skipped:
+            new_feats = [torch.randn(1, features[0].shape[-1]) for _ in prompts]
+            for b in range(len(prompts)):
+                contexts[b] = contexts[b] + [20 + b + cycle]
+                all_feats[b] = torch.cat([all_feats[b], new_feats[b]])
+            drafter.skip(new_feats)
+            continue
         drafts = drafter.propose(contexts)
         accepted, new_feats = [], []
         for b, draft in enumerate(drafts):

@@ -8,11 +8,11 @@ against the target's exact law, with an always-accept negative control that must
 the acceptance rules alone are proven in test_acceptance_rules.py and test_acceptance_laws.py).
 """
 
-import math
 from collections import Counter
 
 import pytest
 import torch
+from engine_checks import assert_identical, chi_square, exact_law, make_prompts
 from scipy.stats import chi2
 from tiny_models import tiny_model, tiny_tokenizer
 
@@ -24,7 +24,7 @@ from draftsmith.runtime.lm_drafter import LMDrafter, load_draft_model
 from draftsmith.runtime.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.mtp_drafter import MtpDrafter
 from draftsmith.runtime.ngram import NgramDrafter
-from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
+from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.speculative import generate_speculative, tree_logits, verify
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import Tree, chain, parse_tree_spec, path_to
@@ -49,16 +49,6 @@ def draft_lm():
     return Target(tiny_model("llama", seed=1), tiny_tokenizer(), "tiny-draft")
 
 
-def make_prompts(n, seed=0, repeat=True):
-    """Random prompts; with `repeat`, each repeats a random 4-gram so n-gram lookup finds matches."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for k in torch.randint(2, 12, (n,), generator=g).tolist():
-        ids = torch.randint(6, 106, (k,), generator=g).tolist()
-        out.append(ids + ids[-4:] * 2 if repeat else ids)
-    return out
-
-
 PROMPTS = make_prompts(7)
 
 
@@ -75,12 +65,6 @@ def drafter_for(name, target, draft_lm, tree):
     if name == "oracle":  # the target drafting for itself: every drafted token is accepted at T=0
         return LMDrafter(target, tree)
     return LMDrafter(target, tree, num_layers=int(name.split(":")[1]))
-
-
-def assert_identical(results, plain_results):
-    mismatches = [i for i, (a, b) in enumerate(zip(results, plain_results)) if a.token_ids != b.token_ids]
-    assert mismatches == [], f"rows {mismatches} differ from plain greedy decoding"
-    assert [r.finish_reason for r in results] == [r.finish_reason for r in plain_results]
 
 
 CHAIN_GRID = [(d, f"chain:{k}") for d in ("ngram", "self:2", "oracle") for k in range(1, 9)]
@@ -280,42 +264,6 @@ def test_seeded_runs_repeat_and_do_not_depend_on_batch_size(target, spec):
 
 LAW_PARAMS = SamplingParams(temperature=1.0, top_k=3)
 LAW_PROMPT = [11, 12, 13, 11, 12]
-
-
-def exact_law(target, prompt, params, length):
-    """{token tuple: probability} of the first `length` tokens under plain sampling (float64); a
-    sequence ends early at EOS, as generation does."""
-    eos = set(target.eos_token_ids)
-    law, done = {(): 1.0}, {}
-    for _ in range(length):
-        nxt = {}
-        for prefix, mass in law.items():
-            out = target.forward(torch.tensor([prompt + list(prefix)]), target.new_cache(1, 64))
-            with torch.inference_mode():
-                probs = logits_to_probs(target.logits(out.hidden[0, -1]), params).double()
-            for tok in torch.nonzero(probs).flatten().tolist():
-                (done if tok in eos else nxt)[prefix + (tok,)] = mass * float(probs[tok])
-        law = nxt
-    return {**law, **done}
-
-
-def chi_square(counts: Counter, law: dict, n: int) -> tuple[float, float]:
-    """Pearson statistic with bins of expected < 5 merged, and the MRV2 threshold df + 10 sqrt(2 df)."""
-    stat, rest_obs, rest_exp, bins = 0.0, 0, 0.0, 0
-    for key, p in law.items():
-        if n * p < 5:
-            rest_obs, rest_exp = rest_obs + counts[key], rest_exp + n * p
-            continue
-        stat += (counts[key] - n * p) ** 2 / (n * p)
-        bins += 1
-    if rest_exp > 0:
-        stat += (rest_obs - rest_exp) ** 2 / rest_exp
-        bins += 1
-    assert sum(counts.values()) == n
-    if not set(counts) <= set(law):  # a sequence the target cannot produce (outside top-k)
-        stat = math.inf
-    df = bins - 1
-    return stat, df + 10 * math.sqrt(2 * df)
 
 
 def sample_first_tokens(target, drafter, n, seed=0):
