@@ -10,8 +10,8 @@ and, for speculative methods, the verification counters the bench pools into tau
 Counting conventions (the same for every method, so rows compare):
   - a cycle is one verification forward after the prefill; the prefill produces the first token;
   - target forwards of a request = 1 (prefill) + its cycles; tau (mean_accepted) = new tokens / forwards;
-  - accepted_per_position[k] counts the cycles whose (k+1)-th drafted token was accepted, drafted_per_position[k]
-    the cycles that drafted one; their ratio is the acceptance rate at position k+1;
+  - accepted_per_position[k] counts the cycles whose (k+1)-th drafted token was accepted,
+    drafted_per_position[k] the cycles that drafted one; their ratio is the acceptance rate at k+1;
   - accepted_length_counts[n] counts the cycles that accepted exactly n drafted tokens (when known).
 """
 

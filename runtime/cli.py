@@ -16,6 +16,7 @@ import sys
 import time
 
 from draftsmith.runtime.cli_args import Formatter, add_target_args, finite_float_arg, int_arg
+from draftsmith.runtime.cli_bench import add_bench
 from draftsmith.runtime.cli_data import add_data
 from draftsmith.runtime.cli_export import add_export
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
@@ -221,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     add_generate(sub)
+    add_bench(sub)
     add_data(sub)
     add_train(sub)
     add_export(sub)
@@ -245,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help (0) or a malformed flag (2): argparse has printed why
         return int(exit_.code or 0)
     setup_logging(args.verbose)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # what reports quote as the command
     try:
         args.run(args)
     except DraftsmithError as err:

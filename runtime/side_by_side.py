@@ -19,10 +19,15 @@ def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int) -> l
 
 @torch.inference_mode()
 def hf_generate_batch(
-    target: Target, prompts: list[list[int]], max_new_tokens: int, params: SamplingParams | None = None
+    target: Target,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    params: SamplingParams | None = None,
+    **generate_kwargs,
 ) -> list[list[int]]:
     """`generate()` on a left-padded batch (greedy unless `params` samples); new tokens per row, cut after
-    the first EOS. Sampling uses exactly `params` (the model's generation_config defaults are overridden)."""
+    the first EOS. Sampling uses exactly `params` (the model's generation_config defaults are overridden).
+    `generate_kwargs` go to generate() as they are (a streamer, prompt_lookup_num_tokens, ...)."""
     params = params or SamplingParams()
     sampling = (
         {"do_sample": False}
@@ -45,6 +50,7 @@ def hf_generate_batch(
         max_new_tokens=max_new_tokens,
         eos_token_id=target.eos_token_ids,
         pad_token_id=pad,
+        **generate_kwargs,
     )
     rows = []
     for row in out[:, width:].tolist():

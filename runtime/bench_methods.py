@@ -1,0 +1,181 @@
+"""The methods `draftsmith bench` times side by side: each decodes a batch of token-id prompts.
+
+    method = build_method("eagle3:runs/head/final@auto:3", target, batch_sizes=[1, 4])
+    out = method.run(prompt_ids, SamplingParams(), max_new_tokens=64, seed=0)    # -> BatchOutput
+
+Method specs:
+    plain                 draftsmith's engine without a draft (the reference every speedup divides by)
+    DRAFT@TREE            draftsmith's engine with a `--draft` spec and a `--tree` spec; TREE = auto:K is
+                          load-aware speculation (runtime/load_aware.py): chain depth 0..K chosen per cycle
+                          from the verify-cost curve measured at start-up and the acceptance observed
+    hf                    transformers `generate()` (batched, left padding)
+    hf-prompt-lookup      `generate(prompt_lookup_num_tokens=10)`: transformers' n-gram drafting
+    hf-assisted:MODEL     `generate(assistant_model=MODEL)`: transformers' assisted generation
+    vllm                  vLLM's engine (runtime/vllm_method.py), in its own process
+    vllm-eagle3:DIR[@chain:K]  vLLM's EAGLE-3 speculative decoding with a head (K = 2 by default)
+transformers' assisted and prompt-lookup generation decode one sequence at a time (its `generate()` raises
+for batch > 1), so those rows exist at batch size 1 only; `supports_batch` says so before anything runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from draftsmith.runtime.bench_types import BatchOutput, SpecCounters
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.tree import parse_tree_spec
+
+HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+BASELINES = ("plain", "hf", "hf-prompt-lookup", "hf-assisted:MODEL", "vllm", "vllm-eagle3:DIR")
+
+
+class Method:
+    name: str
+    max_batch: int | None = None  # None: any batch size
+
+    def unsupported(self, batch: int, params: SamplingParams) -> str | None:
+        """None if this method runs at this batch size and temperature, else why not."""
+        if self.max_batch is not None and batch > self.max_batch:
+            return f"{self.name} decodes one sequence at a time (transformers' assisted generation)"
+        return None
+
+    def run(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int, seed: int):
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget what was learned from earlier requests (a new temperature / batch-size block)."""
+
+    def close(self) -> None:
+        pass
+
+
+class DraftsmithMethod(Method):
+    """`plain` or `DRAFT@TREE` on draftsmith's engine; one drafter (and one load-aware policy per batch
+    size, which keeps learning acceptance across requests as a server would)."""
+
+    def __init__(self, spec: str, target, batch_sizes: list[int], drafter=None, max_depth: int | None = None):
+        self.name, self.target, self.drafter, self.max_depth = spec, target, drafter, max_depth
+        self.policies: dict[int, object] = {}
+        if max_depth is not None:
+            from draftsmith.runtime.load_aware import measure_verify_costs
+
+            self.costs = measure_verify_costs(target, batch_sizes, max_nodes=max_depth + 1)
+
+    def reset(self) -> None:
+        self.policies.clear()
+
+    def policy(self, batch: int):
+        if self.max_depth is None:
+            return None
+        from draftsmith.runtime.load_aware import LoadAwareDepth
+
+        return self.policies.setdefault(batch, LoadAwareDepth(self.costs, self.max_depth))
+
+    def run(self, prompts, params, max_new_tokens, seed) -> BatchOutput:
+        from draftsmith.runtime.engine import generate_plain
+        from draftsmith.runtime.speculative import generate_speculative
+
+        run = (max_new_tokens, seed, len(prompts))
+        if self.drafter is None:
+            results = generate_plain(self.target, prompts, params, *run)
+        else:
+            policy = self.policy(len(prompts))
+            results = generate_speculative(self.target, self.drafter, prompts, params, *run, policy=policy)
+        spec = None
+        if self.drafter is not None:
+            spec = SpecCounters()
+            for r in results:
+                spec.add(SpecCounters.from_cycles(r.accepted_lengths, r.draft_depths))
+        return BatchOutput(
+            token_ids=[r.token_ids for r in results],
+            wall_s=max(r.wall_s for r in results),
+            ttft_s=[r.ttft_s for r in results],
+            spec=spec,
+            target_forwards=sum(r.target_forwards for r in results),
+        )
+
+
+class _FirstTokenClock:
+    """A transformers streamer that notes when generate() hands out its first new tokens (TTFT)."""
+
+    def __init__(self, start: float):
+        self.start, self.calls, self.ttft = start, 0, None
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2 and self.ttft is None:  # the first call carries the prompt
+            self.ttft = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
+
+
+class HfMethod(Method):
+    """transformers `generate()`: plain, with prompt lookup, or with an assistant model."""
+
+    def __init__(self, spec: str, target, assistant=None):
+        self.name, self.target, self.assistant = spec, target, assistant
+        if spec != "hf":
+            self.max_batch = 1
+
+    def generate_kwargs(self) -> dict:
+        if self.name == "hf-prompt-lookup":
+            return {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS}
+        if self.assistant is not None:
+            return {"assistant_model": self.assistant.model}
+        return {}
+
+    @torch.inference_mode()
+    def run(self, prompts, params, max_new_tokens, seed) -> BatchOutput:
+        from draftsmith.runtime.side_by_side import hf_generate_batch
+
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        clock = _FirstTokenClock(start)
+        rows = hf_generate_batch(
+            self.target, prompts, max_new_tokens, params, streamer=clock, **self.generate_kwargs()
+        )
+        wall = time.perf_counter() - start
+        return BatchOutput(rows, wall, [clock.ttft] * len(rows))
+
+
+def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int = 2048) -> Method:
+    """A method spec (module docstring) -> a ready method (heads loaded, costs measured)."""
+    if spec == "plain":
+        return DraftsmithMethod(spec, target, batch_sizes)
+    if spec in ("hf", "hf-prompt-lookup"):
+        return HfMethod(spec, target)
+    if spec.startswith("hf-assisted:"):
+        from draftsmith.runtime.lm_drafter import load_draft_model
+
+        model = spec.removeprefix("hf-assisted:")
+        return HfMethod(spec, target, assistant=load_draft_model(model, target))
+    if spec == "vllm" or spec.startswith("vllm-eagle3:"):
+        from draftsmith.runtime.vllm_method import VllmMethod
+
+        head, _, tree = spec.removeprefix("vllm-eagle3:").partition("@") if spec != "vllm" else (None, "", "")
+        k = 2
+        if tree:
+            k = parse_tree_spec(tree).max_depth if tree.startswith("chain:") else 0
+            if not k:
+                raise BadInputError("method", spec, "vllm-eagle3:DIR or vllm-eagle3:DIR@chain:K")
+        return VllmMethod(spec, target, head, k, max(batch_sizes), max_model_len)
+    draft, at, tree = spec.partition("@")
+    if not at or not draft or draft in ("plain", "none") or draft.startswith(("hf", "vllm")):
+        raise BadInputError("method", spec, f"one of {', '.join(BASELINES)}, or DRAFT@TREE")
+    return build_draft_method(spec, draft, tree, target, batch_sizes)
+
+
+def build_draft_method(spec: str, draft: str, tree: str, target, batch_sizes: list[int]) -> Method:
+    from draftsmith.runtime.drafting import build_drafter
+    from draftsmith.runtime.load_aware import parse_auto
+    from draftsmith.runtime.tree import chain
+
+    depth = parse_auto(tree)
+    drafter = build_drafter(draft, target, chain(depth) if depth else parse_tree_spec(tree))
+    if drafter is None:
+        raise BadInputError("--draft", draft, "a draft (plain decoding is the `plain` baseline)")
+    return DraftsmithMethod(spec, target, batch_sizes, drafter=drafter, max_depth=depth)

@@ -1,0 +1,228 @@
+"""What `draftsmith bench` writes: results.json, meta.json, report.md and PNG plots.
+
+    write_report(Path("runs/bench"), rows, meta)    # -> {"rows", "meta", "files"}
+
+results.json is the list of rows (ARCHITECTURE.md section 4); meta.json holds what makes the run
+reproducible (command, versions, machine, seeds, request) plus skipped methods, per-category rows and the
+roofline. report.md puts them in one page. Plots (matplotlib, Agg): speedup vs batch size per method,
+acceptance per draft position, and the distribution of accepted lengths per cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from draftsmith.runtime.config import atomic_write_text
+
+log = logging.getLogger("draftsmith")
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown: one line per row."""
+    lines = [
+        "| method | T | batch | tok/s | speedup | tau | efficiency | acceptance per position "
+        "| TTFT ms | TPOT ms | greedy identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        accept = (
+            "-"
+            if not r.get("accept_rate_per_position")
+            else str([round(a, 2) for a in r["accept_rate_per_position"]])
+        )
+        depth = f" depth shares {r['depth_share']}" if r.get("depth_share") else ""
+        same = r.get("greedy_identical", "n/a (sampling)")
+        if same is False:
+            same = f"**NO** ({len(r['greedy_mismatches'])}+ mismatching requests)"
+        lines.append(
+            f"| {r['method']} | {r['temperature']:g} | {r['batch_size']} | {r['tokens_per_s']:.1f} "
+            f"| {r['speedup_vs_plain']:.2f} | {_fmt(r.get('mean_accepted'))} | {_fmt(r.get('efficiency'))} "
+            f"| {accept}{depth} | {_fmt(r['ttft_ms']['median'], '.0f')} "
+            f"| {_fmt(r['tpot_ms']['median'], '.1f')} | {same} |"
+        )
+    return "\n".join(lines)
+
+
+def roofline_table(roof: dict, rows: list[dict]) -> str:
+    m = roof["machine"]
+    lines = [
+        f"Machine: copy bandwidth {m['bandwidth_gb_s']} GB/s, matmul {m['matmul_tflops']} TFLOP/s "
+        f"({m['matmul_dtype']}), measured {m['measured']} (cached per machine). "
+        f"Mean context {roof['context']} tokens.",
+        "",
+        "| batch | bytes per step (MB) | memory-bound ceiling tok/s | compute-bound tok/s | bound "
+        "| plain tok/s (share of ceiling) | best method tok/s (share) |",
+        "|---:|---:|---:|---:|---|---|---|",
+    ]
+    for line in roof["lines"]:
+        b = line["batch_size"]
+        at_b = [r for r in rows if r["batch_size"] == b and r["temperature"] == 0] or [
+            r for r in rows if r["batch_size"] == b
+        ]
+        plain = next((r for r in at_b if r["method"] == "plain"), None)
+        best = max(at_b, key=lambda r: r["tokens_per_s"], default=None)
+        ceil = line["ceiling_tokens_per_s"]
+
+        def share(r, ceil=ceil):
+            return "-" if r is None else f"{r['tokens_per_s']:.1f} ({r['tokens_per_s'] / ceil:.0%})"
+
+        best_name = "" if best is None else f"{best['method']}: "
+        lines.append(
+            f"| {b} | {line['bytes_per_step'] / 1e6:.1f} | {line['memory_bound_tokens_per_s']:.1f} "
+            f"| {line['compute_bound_tokens_per_s']:.1f} | {line['bound']} | {share(plain)} "
+            f"| {best_name}{share(best)} |"
+        )
+    return "\n".join(lines)
+
+
+def report_markdown(rows: list[dict], meta: dict, plots: list[str]) -> str:
+    req = meta["request"]
+    parts = [
+        "# draftsmith bench",
+        "",
+        f"- command: `{meta['command'] or 'run_bench(...)'}`",
+        f"- date: {meta['date']}; target: {meta['target']}; prompts: {req['prompts']} "
+        f"({req['num_prompts']} asked; mean first-turn prompt {meta['prompt_tokens_mean']:.0f} tokens); "
+        f"max new tokens {req['max_new_tokens']}; repeats {req['repeats']} (median); seed {req['seed']}",
+        f"- machine: {json.dumps(meta['machine'])}",
+        f"- versions: {json.dumps(meta['versions'])}",
+        "- fairness: warm-up per method and batch size, methods interleaved per batch in rotating order, "
+        "speedup = tokens/s over plain decoding's in the same run",
+        "",
+    ]
+    broken = [
+        f"{r['method']} (T={r['temperature']:g}, batch {r['batch_size']})"
+        for r in rows
+        if r.get("greedy_identical") is False
+    ]
+    if broken:
+        parts += [
+            f"**GREEDY MISMATCH**: {', '.join(broken)} differ from plain decoding at temperature 0.",
+            "",
+        ]
+    parts += ["## Results", "", format_table(rows), ""]
+    if meta.get("skipped"):
+        parts += [
+            "Not run: "
+            + "; ".join(f"{s['method']} at batch {s['batch_size']}: {s['why']}" for s in meta["skipped"]),
+            "",
+        ]
+    if meta.get("categories"):
+        parts += [
+            "## Per category (batch 1)",
+            "",
+            "| method | T | category | prompts | tok/s | speedup |",
+            "|---|---:|---|---:|---:|---:|",
+        ]
+        parts += [
+            f"| {c['method']} | {c['temperature']:g} | {c['category']} | {c['prompts']} "
+            f"| {c['tokens_per_s']:.1f} | {c['speedup_vs_plain']:.2f} |"
+            for c in meta["categories"]
+        ]
+        parts.append("")
+    if meta.get("roofline"):
+        parts += ["## Roofline", "", roofline_table(meta["roofline"], rows), ""]
+    parts += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(parts) + "\n"
+
+
+def write_report(out: Path, rows: list[dict], meta: dict, plots: bool = True) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "results.json", json.dumps(rows, indent=1))
+    atomic_write_text(out / "meta.json", json.dumps(meta, indent=1))
+    pngs = make_plots(out, rows) if plots else []
+    atomic_write_text(out / "report.md", report_markdown(rows, meta, pngs))
+    files = [str(out / n) for n in ("results.json", "meta.json", "report.md")] + pngs
+    log.info("bench: wrote %s", ", ".join(files))
+    return {"rows": rows, "meta": meta, "files": files}
+
+
+def make_plots(out: Path, rows: list[dict]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("bench: matplotlib is not installed; no plots (pip install matplotlib)")
+        return []
+    files = [_speedup_plot(plt, out, rows), _acceptance_plot(plt, out, rows), _lengths_plot(plt, out, rows)]
+    return [f for f in files if f]
+
+
+def _speedup_plot(plt, out: Path, rows: list[dict]) -> str:
+    temps = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+    for ax, temp in zip(axes[0], temps, strict=True):
+        for name in dict.fromkeys(r["method"] for r in rows):
+            pts = sorted(
+                (r["batch_size"], r["speedup_vs_plain"])
+                for r in rows
+                if r["method"] == name and r["temperature"] == temp
+            )
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set(
+            xscale="log", xlabel="batch size", ylabel="speedup over plain (tok/s ratio)", title=f"T={temp:g}"
+        )
+        ax.legend(fontsize=7)
+    return _save(plt, fig, out / "speedup_vs_batch.png")
+
+
+def _acceptance_plot(plt, out: Path, rows: list[dict]) -> str | None:
+    spec = [
+        r
+        for r in rows
+        if r.get("accept_rate_per_position") and r["batch_size"] == min(x["batch_size"] for x in rows)
+    ]
+    if not spec:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in spec:
+        rates = r["accept_rate_per_position"]
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{r['method']} T={r['temperature']:g}")
+    ax.set(
+        xlabel="draft position", ylabel="P(accepted | drafted)", ylim=(0, 1), title="acceptance per position"
+    )
+    ax.legend(fontsize=7)
+    return _save(plt, fig, out / "acceptance_per_position.png")
+
+
+def _lengths_plot(plt, out: Path, rows: list[dict]) -> str | None:
+    spec = [
+        r
+        for r in rows
+        if r.get("accepted_length_counts") and r["batch_size"] == min(x["batch_size"] for x in rows)
+    ]
+    if not spec:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / len(spec)
+    for i, r in enumerate(spec):
+        counts = r["accepted_length_counts"]
+        total = sum(counts)
+        ax.bar(
+            [n + i * width for n in range(len(counts))],
+            [c / total for c in counts],
+            width,
+            label=f"{r['method']} T={r['temperature']:g}",
+        )
+    ax.set(xlabel="drafted tokens accepted in a cycle", ylabel="share of cycles", title="accepted lengths")
+    ax.legend(fontsize=7)
+    return _save(plt, fig, out / "accepted_lengths.png")
+
+
+def _save(plt, fig, path: Path) -> str:
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return str(path)

@@ -1,0 +1,175 @@
+"""One `draftsmith bench` run: build the methods, time them per temperature and batch size, write the report.
+
+    from draftsmith.runtime.bench_run import BenchRequest, run_bench
+    result = run_bench(BenchRequest(drafts=["ngram"], prompts="humaneval", batch_sizes=[1, 4]))
+    result["rows"], result["meta"]
+
+Methods: `plain` always (the reference), the `baselines`, and each draft combined with each tree (a draft
+given as DRAFT@TREE keeps its own tree). Methods that cannot run at a batch size (transformers' assisted
+generation at batch > 1) are listed in `skipped` with the reason. OUT gets results.json (the rows),
+meta.json (versions, machine, seeds, command, roofline), report.md and PNG plots (bench_report.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from draftsmith.runtime.errors import BadInputError
+
+log = logging.getLogger("draftsmith")
+
+
+@dataclass
+class BenchRequest:
+    target: str = "smollm2-135m"
+    drafts: list[str] = field(default_factory=list)  # --draft specs, optionally DRAFT@TREE
+    trees: list[str] = field(default_factory=lambda: ["chain:2", "auto:2"])
+    prompts: str = "sharegpt"
+    num_prompts: int = 8
+    categories: list[str] | None = None
+    max_new_tokens: int = 64
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    baselines: list[str] = field(default_factory=lambda: ["plain", "hf", "hf-prompt-lookup"])
+    repeats: int = 1
+    seed: int = 0
+    chat: bool = True
+    out: str = "runs/bench"
+    plots: bool = True
+    roofline: bool = True
+    device: str = "auto"
+    dtype: str = "auto"
+    command: str = ""
+
+    def method_specs(self) -> list[str]:
+        specs = ["plain", *[b for b in self.baselines if b != "plain"]]
+        for draft in self.drafts:
+            specs += [draft] if "@" in draft else [f"{draft}@{tree}" for tree in self.trees]
+        if len(set(specs)) != len(specs):
+            raise BadInputError("--draft/--baselines", specs, "each method once")
+        return specs
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("draftsmith", "torch", "transformers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def machine_facts(target) -> dict:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": __import__("os").cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(target.device),
+        "gpu": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
+        "dtype": str(target.dtype).removeprefix("torch."),
+    }
+
+
+def run_bench(req: BenchRequest, target=None) -> dict:
+    from draftsmith.runtime.bench import category_rows, check_request_inputs, compare_at, summarize
+    from draftsmith.runtime.bench_methods import build_method
+    from draftsmith.runtime.bench_report import format_table, write_report
+    from draftsmith.runtime.prompt_sets import load_bench_prompts
+    from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.target import Target
+
+    check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)
+    params_list = [SamplingParams(temperature=t).validate() for t in req.temperatures]
+    convs = load_bench_prompts(req.prompts, req.num_prompts, req.categories)
+    specs = req.method_specs()
+    target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
+    log.info("bench: %d prompts from %s; methods: %s", len(convs), req.prompts, ", ".join(specs))
+    methods = {spec: build_method(spec, target, req.batch_sizes) for spec in specs}
+    rows, categories, skipped = [], [], []
+    try:
+        for params in params_list:
+            for batch in req.batch_sizes:
+                runnable = {}
+                for name, method in methods.items():
+                    method.reset()
+                    why = method.unsupported(batch, params)
+                    if why:
+                        skipped.append(
+                            {
+                                "method": name,
+                                "temperature": params.temperature,
+                                "batch_size": batch,
+                                "why": why,
+                            }
+                        )
+                    else:
+                        runnable[name] = method
+                per = compare_at(
+                    runnable,
+                    target,
+                    convs,
+                    params,
+                    req.max_new_tokens,
+                    batch,
+                    req.repeats,
+                    req.seed,
+                    req.chat,
+                )
+                block = [summarize(n, runs, per["plain"], params, batch, convs) for n, runs in per.items()]
+                add_depth_shares(block, methods, batch)
+                rows += block
+                if batch == 1:
+                    categories += category_rows(per, convs, params)
+                print(
+                    f"\n{req.prompts}: {len(convs)} prompts, {req.max_new_tokens} new tokens, "
+                    f"T={params.temperature:g}, batch {batch}",
+                    flush=True,
+                )
+                print(format_table(block), flush=True)
+    finally:
+        for method in methods.values():
+            method.close()
+    meta = {
+        "request": asdict(req),
+        "command": req.command,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+        "machine": machine_facts(target),
+        "target": target.name,
+        "prompt_tokens_mean": sum(len(target.encode(c.turns[0], chat=req.chat)) for c in convs) / len(convs),
+        "skipped": skipped,
+        "categories": categories,
+    }
+    if req.roofline:
+        meta["roofline"] = roofline_lines(target, req, meta["prompt_tokens_mean"])
+    return write_report(Path(req.out), rows, meta, plots=req.plots)
+
+
+def add_depth_shares(block: list[dict], methods: dict, batch: int) -> None:
+    """Load-aware rows: how often each chain depth was chosen at this batch size (warm-up included)."""
+    for row in block:
+        policies = getattr(methods[row["method"]], "policies", {})
+        if batch in policies:
+            counts = policies[batch].depth_counts
+            row["depth_share"] = [round(c / max(sum(counts), 1), 4) for c in counts]
+
+
+def roofline_lines(target, req: BenchRequest, prompt_tokens: float) -> dict:
+    from draftsmith.runtime.roofline import machine_rates, roofline
+
+    machine = machine_rates(target.device)
+    context = int(prompt_tokens + req.max_new_tokens / 2)
+    return {
+        "machine": machine,
+        "context": context,
+        "lines": [roofline(target, machine, b, context) for b in req.batch_sizes],
+    }
