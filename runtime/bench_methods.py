@@ -19,6 +19,7 @@ for batch > 1), so those rows exist at batch size 1 only; `supports_batch` says 
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
@@ -28,6 +29,7 @@ from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.tree import parse_tree_spec
 
+log = logging.getLogger("draftsmith")
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
 BASELINES = ("plain", "hf", "hf-prompt-lookup", "hf-assisted:MODEL", "vllm", "vllm-eagle3:DIR")
 
@@ -60,9 +62,7 @@ class DraftsmithMethod(Method):
         self.name, self.target, self.drafter, self.max_depth = spec, target, drafter, max_depth
         self.policies: dict[int, object] = {}
         if max_depth is not None:
-            from draftsmith.runtime.load_aware import measure_verify_costs
-
-            self.costs = measure_verify_costs(target, batch_sizes, max_nodes=max_depth + 1)
+            self.costs = verify_costs(target, batch_sizes, max_depth + 1)
 
     def reset(self) -> None:
         self.policies.clear()
@@ -96,6 +96,22 @@ class DraftsmithMethod(Method):
             spec=spec,
             target_forwards=sum(r.target_forwards for r in results),
         )
+
+
+_COSTS: dict = {}  # (target, batch sizes, nodes) -> VerifyCosts: one measurement per bench run
+
+
+def verify_costs(target, batch_sizes: list[int], nodes: int):
+    """The target's verify-cost curve, measured once and shared by every load-aware method."""
+    from draftsmith.runtime.load_aware import measure_verify_costs
+
+    key = (id(target), tuple(sorted(set(batch_sizes))), nodes)
+    if key not in _COSTS:
+        log.info(
+            "bench: measuring verification cost for %d..%d tokens per row at batch sizes %s", 1, nodes, key[1]
+        )
+        _COSTS[key] = measure_verify_costs(target, batch_sizes, max_nodes=nodes)
+    return _COSTS[key]
 
 
 class _FirstTokenClock:

@@ -172,6 +172,9 @@ def _speedup_plot(plt, out: Path, rows: list[dict]) -> str:
         ax.set(
             xscale="log", xlabel="batch size", ylabel="speedup over plain (tok/s ratio)", title=f"T={temp:g}"
         )
+        sizes = sorted({r["batch_size"] for r in rows})
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.minorticks_off()
         ax.legend(fontsize=7)
     return _save(plt, fig, out / "speedup_vs_batch.png")
 

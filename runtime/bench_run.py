@@ -24,6 +24,8 @@ import torch
 from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
+GPU_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64]
+CPU_BATCH_SIZES = [1, 4, 16]
 
 
 @dataclass
@@ -36,7 +38,7 @@ class BenchRequest:
     categories: list[str] | None = None
     max_new_tokens: int = 64
     temperatures: list[float] = field(default_factory=lambda: [0.0])
-    batch_sizes: list[int] = field(default_factory=lambda: [1])
+    batch_sizes: list[int] | None = None  # None: 1..64 in powers of 2 on a GPU, 1, 4, 16 on a CPU
     baselines: list[str] = field(default_factory=lambda: ["plain", "hf", "hf-prompt-lookup"])
     repeats: int = 1
     seed: int = 0
@@ -87,11 +89,14 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     from draftsmith.runtime.sampling import SamplingParams
     from draftsmith.runtime.target import Target
 
-    check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)
+    check_request_inputs(req.temperatures, req.batch_sizes or [1], req.max_new_tokens, req.repeats)
     params_list = [SamplingParams(temperature=t).validate() for t in req.temperatures]
     convs = load_bench_prompts(req.prompts, req.num_prompts, req.categories)
     specs = req.method_specs()
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
+    if req.batch_sizes is None:
+        req.batch_sizes = GPU_BATCH_SIZES if target.device.type == "cuda" else CPU_BATCH_SIZES
+    check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)
     log.info("bench: %d prompts from %s; methods: %s", len(convs), req.prompts, ", ".join(specs))
     methods = {spec: build_method(spec, target, req.batch_sizes) for spec in specs}
     rows, categories, skipped = [], [], []

@@ -84,7 +84,12 @@ def add_bench(sub) -> None:
     p.add_argument(
         "--temperatures", type=number_list("--temperatures", float), default=[0.0], help="e.g. 0,1"
     )
-    p.add_argument("--batch-sizes", type=number_list("--batch-sizes", int), default=[1], help="e.g. 1,4,16")
+    p.add_argument(
+        "--batch-sizes",
+        type=number_list("--batch-sizes", int),
+        default=None,
+        help="e.g. 1,4,16; default 1,2,4,...,64 on a GPU and 1,4,16 on a CPU",
+    )
     p.add_argument(
         "--baselines",
         default="plain,hf,hf-prompt-lookup",

@@ -69,19 +69,19 @@ class VerifyCosts:
 def measure_verify_costs(
     target, batch_sizes: list[int], max_nodes: int, context: int = 128, repeats: int = 5
 ) -> VerifyCosts:
-    """Time a forward over n = 1..max_nodes chain tokens per row after a `context`-token prefix, for each
-    batch size; rounds interleave n so drift hits all alike; median of `repeats` (one warm-up round)."""
+    """Time a forward over n = 1..max_nodes chain tokens per row after a `context`-token prefix (prefilled
+    once; the cache is cropped back after each forward), for each batch size; rounds interleave n so drift
+    hits all alike; median of `repeats` (one warm-up round)."""
     from draftsmith.runtime.tree import ancestor_mask, chain, position_ids
 
     seconds: dict[int, list[float]] = {}
+    vocab = min(target.vocab_size, 1000)
     for batch in sorted(set(batch_sizes)):
-        vocab = min(target.vocab_size, 1000)
-        prefix = torch.randint(0, vocab, (batch, context), device=target.device)
+        cache = target.new_cache(batch, context + max_nodes)
+        target.forward(torch.randint(0, vocab, (batch, context), device=target.device), cache)
         times: list[list[float]] = [[] for _ in range(max_nodes)]
         for rep in range(repeats + 1):
             for n in range(1, max_nodes + 1):
-                cache = target.new_cache(batch, context + n)
-                target.forward(prefix, cache)
                 ids = torch.randint(0, vocab, (batch, n), device=target.device)
                 tree = chain(n - 1)
                 mask = None if n == 1 else ancestor_mask(tree).expand(batch, n, n).to(target.device)
@@ -90,6 +90,7 @@ def measure_verify_costs(
                 start = time.perf_counter()
                 target.logits(target.forward(ids, cache, pos, tree_mask=mask).hidden)
                 _sync(target.device)
+                cache.crop(context)
                 if rep:
                     times[n - 1].append(time.perf_counter() - start)
         seconds[batch] = [statistics.median(t) for t in times]

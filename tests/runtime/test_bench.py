@@ -228,6 +228,7 @@ def test_multi_turn_questions_through_the_command(tiny_dir, tmp_path, machine_ca
     out = tmp_path / "bench"
     argv = ["bench", "--target", str(tiny_dir), "--draft", "ngram@chain:2", "--baselines", "plain"]
     argv += ["--prompts", f"mtbench:{path}", "--max-new-tokens", "4", "--out", str(out), "--no-plots"]
+    argv += ["--batch-sizes", "1"]
     assert main(argv) == 0
     rows = json.loads((out / "results.json").read_text())
     assert [r["requests"] for r in rows] == [4, 4]  # three questions, one of them with two turns
