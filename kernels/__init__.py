@@ -1,4 +1,115 @@
 """draftsmith.kernels: Triton kernels, each next to a pure-torch `*_ref` oracle of the same signature.
 
-Empty until the GPU kernels issue lands; the runtime uses its pure-torch paths meanwhile.
+    from draftsmith import kernels
+    kernels.kv_compact(cache_layer, start, keep)                   # KV-cache path compaction, in place
+    num, nxt = kernels.chain_accept_greedy(logits, tokens)         # chain verification at temperature 0
+    num, nxt = kernels.chain_accept(p, q, tokens, coins, draws)    # exact chain rejection sampling
+
+Which implementation runs: `DRAFTSMITH_KERNELS` = `auto` (default: Triton on CUDA when Triton imports,
+the torch references elsewhere), `triton` (force the kernels: on CUDA, or on CPU under Triton's
+interpreter, TRITON_INTERPRET=1), `torch` (force the references). A request for kernels that cannot run
+here falls back to the references with one log line, never a crash. Inputs are validated (shapes,
+dtypes, devices) before either runs; the references live in kernels/reference.py (torch only).
 """
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+import torch
+
+from draftsmith.kernels.reference import chain_accept_greedy_ref, chain_accept_ref, kv_compact_ref
+
+log = logging.getLogger("draftsmith")
+MODES = ("auto", "triton", "torch")
+_warned: set[str] = set()
+
+
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether the Triton kernels run for tensors on `device` (see the module docstring)."""
+    mode = os.environ.get("DRAFTSMITH_KERNELS", "auto")
+    if mode not in MODES:
+        raise ValueError(f"DRAFTSMITH_KERNELS: got {mode!r}, expected one of {MODES}")
+    if mode == "torch":
+        return False
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    runnable = _triton_importable() and (device.type == "cuda" or interpreted)
+    if mode == "triton" and not runnable:
+        why = "Triton is not installed" if not _triton_importable() else f"no CUDA for {device}"
+        if why not in _warned:
+            _warned.add(why)
+            log.info("kernels: DRAFTSMITH_KERNELS=triton, but %s: using the torch references", why)
+        return False
+    return runnable and (mode == "triton" or device.type == "cuda")
+
+
+def _impl():
+    from draftsmith.kernels import triton_kernels
+
+    return triton_kernels
+
+
+def _check(name: str, tensor: torch.Tensor, ndim: int, dtypes: tuple[torch.dtype, ...], device) -> None:
+    if not isinstance(tensor, torch.Tensor) or tensor.ndim != ndim:
+        got = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise ValueError(f"{name}: got {got}, expected a {ndim}-d tensor")
+    if tensor.dtype not in dtypes:
+        raise ValueError(f"{name}: got dtype {tensor.dtype}, expected one of {dtypes}")
+    if tensor.device != device:
+        raise ValueError(f"{name}: on {tensor.device}, expected {device} like the other inputs")
+
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+INTS = (torch.int64, torch.int32)
+
+
+def kv_compact(cache: torch.Tensor, start: int, keep: torch.Tensor) -> None:
+    """cache [B, H, C, D]; keep [B, n] increasing slot ids in [start, C): moved to start..start+n-1."""
+    _check("cache", cache, 4, FLOATS, cache.device)
+    _check("keep", keep, 2, INTS, cache.device)
+    if keep.shape[0] != cache.shape[0] or not 0 <= start <= cache.shape[2] - keep.shape[1]:
+        raise ValueError(f"keep {tuple(keep.shape)} / start {start} do not fit cache {tuple(cache.shape)}")
+    (_impl().kv_compact if use_triton(cache.device) else kv_compact_ref)(cache, start, keep)
+
+
+def chain_accept_greedy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, K+1, V], tokens [B, K] -> (accepted count [B], next token [B])."""
+    _check("logits", logits, 3, FLOATS, logits.device)
+    _check("tokens", tokens, 2, INTS, logits.device)
+    if tokens.shape != (logits.shape[0], logits.shape[1] - 1):
+        raise ValueError(f"tokens {tuple(tokens.shape)} do not match logits {tuple(logits.shape)}")
+    if use_triton(logits.device):
+        return _impl().chain_accept_greedy(logits, tokens)
+    return chain_accept_greedy_ref(logits, tokens)
+
+
+def chain_accept(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    tokens: torch.Tensor,
+    coins: torch.Tensor,
+    draws: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """p [B, K+1, V], q [B, K, V], tokens [B, K], coins [B, K], draws [B] (float32 uniforms in [0, 1))."""
+    device = target_probs.device
+    _check("target_probs", target_probs, 3, (torch.float32,), device)
+    _check("draft_probs", draft_probs, 3, (torch.float32,), device)
+    _check("tokens", tokens, 2, INTS, device)
+    _check("coins", coins, 2, (torch.float32,), device)
+    _check("draws", draws, 1, (torch.float32,), device)
+    batch, k1, vocab = target_probs.shape
+    if draft_probs.shape != (batch, k1 - 1, vocab) or tokens.shape != (batch, k1 - 1) or k1 < 2:
+        raise ValueError(
+            f"shapes p {tuple(target_probs.shape)}, q {tuple(draft_probs.shape)}, tokens "
+            f"{tuple(tokens.shape)}: expected [B, K+1, V], [B, K, V], [B, K] with K >= 1"
+        )
+    if coins.shape != tokens.shape or draws.shape != (batch,):
+        raise ValueError(f"coins {tuple(coins.shape)} / draws {tuple(draws.shape)}: expected [B, K] / [B]")
+    impl = _impl().chain_accept if use_triton(device) else chain_accept_ref
+    return impl(target_probs, draft_probs, tokens, coins, draws)

@@ -132,10 +132,13 @@ def report_markdown(rows: list[dict], meta: dict, plots: list[str]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def write_report(out: Path, rows: list[dict], meta: dict, plots: bool = True) -> dict:
+def write_report(out: Path, rows: list[dict], meta: dict, plots: bool = True, final: bool = True) -> dict:
+    """results.json and meta.json (atomically; also after every block), then report.md and plots."""
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(rows, indent=1))
     atomic_write_text(out / "meta.json", json.dumps(meta, indent=1))
+    if not final:
+        return {"rows": rows, "meta": meta, "files": []}
     pngs = make_plots(out, rows) if plots else []
     atomic_write_text(out / "report.md", report_markdown(rows, meta, pngs))
     files = [str(out / n) for n in ("results.json", "meta.json", "report.md")] + pngs

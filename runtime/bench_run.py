@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.runtime.bench import check_request_inputs
 from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
@@ -82,15 +83,14 @@ def machine_facts(target) -> dict:
 
 
 def run_bench(req: BenchRequest, target=None) -> dict:
-    from draftsmith.runtime.bench import category_rows, check_request_inputs, compare_at, summarize
+    """Time every method at every temperature and batch size; results.json and meta.json are rewritten
+    after each block (an interrupted run keeps what it measured), report.md and plots at the end."""
     from draftsmith.runtime.bench_methods import build_method
-    from draftsmith.runtime.bench_report import format_table, write_report
+    from draftsmith.runtime.bench_report import write_report
     from draftsmith.runtime.prompt_sets import load_bench_prompts
-    from draftsmith.runtime.sampling import SamplingParams
     from draftsmith.runtime.target import Target
 
     check_request_inputs(req.temperatures, req.batch_sizes or [1], req.max_new_tokens, req.repeats)
-    params_list = [SamplingParams(temperature=t).validate() for t in req.temperatures]
     convs = load_bench_prompts(req.prompts, req.num_prompts, req.categories)
     specs = req.method_specs()
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
@@ -99,51 +99,24 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)
     log.info("bench: %d prompts from %s; methods: %s", len(convs), req.prompts, ", ".join(specs))
     methods = {spec: build_method(spec, target, req.batch_sizes) for spec in specs}
-    rows, categories, skipped = [], [], []
+    meta = run_meta(req, target, convs)
+    rows: list[dict] = []
     try:
-        for params in params_list:
+        for temperature in req.temperatures:
             for batch in req.batch_sizes:
-                runnable = {}
-                for name, method in methods.items():
-                    method.reset()
-                    why = method.unsupported(batch, params)
-                    if why:
-                        skipped.append(
-                            {
-                                "method": name,
-                                "temperature": params.temperature,
-                                "batch_size": batch,
-                                "why": why,
-                            }
-                        )
-                    else:
-                        runnable[name] = method
-                per = compare_at(
-                    runnable,
-                    target,
-                    convs,
-                    params,
-                    req.max_new_tokens,
-                    batch,
-                    req.repeats,
-                    req.seed,
-                    req.chat,
-                )
-                block = [summarize(n, runs, per["plain"], params, batch, convs) for n, runs in per.items()]
-                add_depth_shares(block, methods, batch)
-                rows += block
-                if batch == 1:
-                    categories += category_rows(per, convs, params)
-                print(
-                    f"\n{req.prompts}: {len(convs)} prompts, {req.max_new_tokens} new tokens, "
-                    f"T={params.temperature:g}, batch {batch}",
-                    flush=True,
-                )
-                print(format_table(block), flush=True)
+                rows += run_block(req, target, methods, convs, temperature, batch, meta)
+                write_report(Path(req.out), rows, meta, plots=False, final=False)
     finally:
         for method in methods.values():
             method.close()
-    meta = {
+    if req.roofline:  # after the timed runs: the measurement loads the machine
+        meta["roofline"] = roofline_lines(target, req, meta["prompt_tokens_mean"])
+    return write_report(Path(req.out), rows, meta, plots=req.plots)
+
+
+def run_meta(req: BenchRequest, target, convs) -> dict:
+    """What makes the run reproducible; `skipped` and `categories` fill in as blocks run."""
+    return {
         "request": asdict(req),
         "command": req.command,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -151,12 +124,37 @@ def run_bench(req: BenchRequest, target=None) -> dict:
         "machine": machine_facts(target),
         "target": target.name,
         "prompt_tokens_mean": sum(len(target.encode(c.turns[0], chat=req.chat)) for c in convs) / len(convs),
-        "skipped": skipped,
-        "categories": categories,
+        "skipped": [],
+        "categories": [],
     }
-    if req.roofline:
-        meta["roofline"] = roofline_lines(target, req, meta["prompt_tokens_mean"])
-    return write_report(Path(req.out), rows, meta, plots=req.plots)
+
+
+def run_block(req: BenchRequest, target, methods: dict, convs, temperature: float, batch: int, meta: dict):
+    """One temperature and batch size: the methods that can run, side by side -> rows (printed)."""
+    from draftsmith.runtime.bench import category_rows, compare_at, summarize
+    from draftsmith.runtime.bench_report import format_table
+    from draftsmith.runtime.sampling import SamplingParams
+
+    params = SamplingParams(temperature=temperature).validate()
+    runnable = {}
+    for name, method in methods.items():
+        method.reset()
+        why = method.unsupported(batch, params)
+        if why:
+            meta["skipped"].append(
+                {"method": name, "temperature": temperature, "batch_size": batch, "why": why}
+            )
+        else:
+            runnable[name] = method
+    max_new, repeats, seed, chat = req.max_new_tokens, req.repeats, req.seed, req.chat
+    per = compare_at(runnable, target, convs, params, max_new, batch, repeats, seed, chat)
+    block = [summarize(name, runs, per["plain"], params, batch, convs) for name, runs in per.items()]
+    add_depth_shares(block, methods, batch)
+    if batch == 1:
+        meta["categories"] += category_rows(per, convs, params)
+    print(f"\n{req.prompts}: {len(convs)} prompts, {max_new} new tokens, T={temperature:g}, batch {batch}")
+    print(format_table(block), flush=True)
+    return block
 
 
 def add_depth_shares(block: list[dict], methods: dict, batch: int) -> None:

@@ -30,7 +30,8 @@ DRAFT_HELP = (
 )
 TREE_HELP = (
     "chain:K, static:NAME (binary-3, wide-4, deep-6) or static:JSON (paths of child ranks or parent ids), "
-    "dynamic:depth=D,topk=K,tokens=N (EAGLE-2 style, grown each cycle)"
+    "dynamic:depth=D,topk=K,tokens=N (EAGLE-2 style, grown each cycle), auto:K (load-aware: a chain of "
+    "depth 0..K per cycle from the measured verify cost and the observed acceptance; 0 = a plain step)"
 )
 
 
@@ -84,13 +85,15 @@ def add_generate(sub) -> None:
 def run_generate(args: argparse.Namespace) -> None:
     from draftsmith.runtime.drafting import build_drafter
     from draftsmith.runtime.engine import accept_rates, generate_plain
+    from draftsmith.runtime.load_aware import LoadAwareDepth, measure_verify_costs, parse_auto
     from draftsmith.runtime.prompts import read_prompts_file
     from draftsmith.runtime.sampling import SamplingParams
     from draftsmith.runtime.speculative import generate_speculative
     from draftsmith.runtime.target import Target
-    from draftsmith.runtime.tree import parse_tree_spec
+    from draftsmith.runtime.tree import chain, parse_tree_spec
 
-    tree = parse_tree_spec(args.tree)
+    auto_depth = parse_auto(args.tree)  # auto:K: load-aware chain depth per cycle
+    tree = chain(auto_depth) if auto_depth else parse_tree_spec(args.tree)
     params = SamplingParams(args.temperature, args.top_p, args.top_k).validate()
     if args.max_new_tokens < 1:
         raise BadInputError("--max-new-tokens", args.max_new_tokens, "an integer >= 1")
@@ -100,12 +103,22 @@ def run_generate(args: argparse.Namespace) -> None:
     target = Target.load(args.target, device=args.device, dtype=args.dtype)
     drafter = build_drafter(args.draft, target, tree)
     prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
+    policy = None
+    if auto_depth and drafter is not None:  # measured before the clock starts, like a server's start-up
+        sizes = sorted({min(args.batch_size, len(prompt_ids)), 1})
+        policy = LoadAwareDepth(measure_verify_costs(target, sizes, max_nodes=auto_depth + 1), auto_depth)
     start = time.perf_counter()
     run = (args.max_new_tokens, args.seed, args.batch_size)
     if drafter is None:
         results = generate_plain(target, prompt_ids, params, *run, progress=not args.json)
     else:
-        results = generate_speculative(target, drafter, prompt_ids, params, *run, progress=not args.json)
+        results = generate_speculative(
+            target, drafter, prompt_ids, params, *run, progress=not args.json, policy=policy
+        )
+        if policy is not None:
+            logging.getLogger("draftsmith").info(
+                "load-aware depth counts (0..%d): %s", auto_depth, policy.depth_counts
+            )
     wall = time.perf_counter() - start
     for text, res in zip(texts, results, strict=True):
         if args.json:

@@ -89,6 +89,15 @@ class KVCache:
         self.valid[:, start : start + n] = kept_valid
         self.crop(start + n)
 
+    def keep_prefixes(self, start: int, lengths: list[int]) -> None:
+        """Row b keeps its slots start..start+lengths[b]-1 where they are; later slots become holes and
+        the cache ends at start + max(lengths). Equals `compact` with keep = start + arange, no copies."""
+        end = start + max(lengths)
+        slots = torch.arange(end - start, device=self.valid.device)  # [n]
+        row_lengths = torch.tensor(lengths, device=self.valid.device)
+        self.valid[:, start:end] &= slots[None, :] < row_lengths[:, None]
+        self.crop(end)
+
     def retain(self, rows: torch.Tensor) -> None:
         """Keep only these batch rows (finished rows leave the batch)."""
         self.keys = [t[rows] for t in self.keys]

@@ -158,14 +158,18 @@ def verify(
     keep_len = max(len(v.accepted) for v in verdicts) + 1
     keep = torch.full((len(drafts), keep_len), start, dtype=torch.long)
     keep_valid = torch.zeros(len(drafts), keep_len, dtype=torch.bool)
-    features = []
+    features, in_place = [], True
     for b, v in enumerate(verdicts):
         path = [0, *v.accepted]  # the root and the accepted nodes; the next token is not computed yet
         keep[b, : len(path)] = start + torch.tensor(path)
         keep_valid[b, : len(path)] = True
+        in_place &= path == list(range(len(path)))  # chains (and plain steps) accept a prefix of slots
         if fused is not None:
             features.append(fused[b, path])
-    cache.compact(start, keep.to(target.device), keep_valid.to(target.device))
+    if in_place:  # nothing moves: drop the rejected slots instead of gathering every layer's K/V
+        cache.keep_prefixes(start, [len(v.accepted) + 1 for v in verdicts])
+    else:
+        cache.compact(start, keep.to(target.device), keep_valid.to(target.device))
     return verdicts, features
 
 

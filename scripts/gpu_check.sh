@@ -2,7 +2,9 @@
 # GPU checks for one lease of a CUDA machine (no network): the `gpu`-marked tests and the trainer's tests
 # on CUDA (bf16 autocast). Writes gpu.txt and the test logs under $OUT (default runs/gpu-check).
 #   bash scripts/gpu_check.sh            # from the repository root; carry .whl (datasets, dill, multiprocess)
-# Issue 9 extends it with kernel checks and roofline measurements.
+# Then the Triton kernels compiled on CUDA against their references, and scripts/gpu_measure.py: bandwidth,
+# matmul rate, plain decode vs roofline (embedded target, random Llama-3.1-8B shape), verification cost
+# for 1..128 nodes at 8B shape, end-to-end speedup of the head in runs/eagle3-smollm2-135m/final if carried.
 set -uo pipefail
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
@@ -23,3 +25,8 @@ timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_g
   2>&1 | tee "$OUT/gpu_tests.log"
 # the CPU trainer suite, on CUDA this time (device auto -> cuda, bf16 autocast)
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/train/test_trainer.py 2>&1 | tee "$OUT/trainer_tests_on_cuda.log"
+# kernels compiled by Triton on the GPU (not the interpreter), at real shapes
+TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tee "$OUT/kernel_tests.log"
+HEAD=runs/eagle3-smollm2-135m/final
+timeout 300 python3 scripts/gpu_measure.py --out "$OUT/measure.json" $([ -d "$HEAD" ] && echo --head "$HEAD") \
+  2>&1 | tee "$OUT/measure.log"

@@ -66,6 +66,17 @@ def bench_rows(path: Path | None, head_dir: Path) -> tuple[list[dict], dict]:
     if not any(r.get("method") != "plain" for r in ours):
         raise BadInputError("--bench", str(path), f"rows that measured {head_dir}", "no method names it")
     meta = {k: data[k] for k in BENCH_META if isinstance(data, dict) and k in data}
+    side = path.with_name("meta.json")  # `draftsmith bench` keeps the run's facts next to results.json
+    if isinstance(data, list) and side.is_file():
+        facts = json.loads(side.read_text())
+        machine = facts.get("machine", {})
+        meta = {
+            "prompt_set": facts.get("request", {}).get("prompts"),
+            "date": facts.get("date"),
+            "machine": f"{machine.get('processor')} ({machine.get('device')}, {machine.get('dtype')})",
+            "threads": machine.get("torch_threads"),
+            "command": facts.get("command"),
+        }
     return ours, {**meta, "file": str(path)}
 
 
@@ -144,12 +155,13 @@ def _measured(facts: CardFacts) -> str:
     lines = ["## Measured\n"]
     if facts.bench:
         lines += [
-            "| method | temperature | tokens/s | speedup vs plain | tau | acceptance per position |",
-            "|---|---|---|---|---|---|",
+            "| method | temperature | batch | tokens/s | speedup vs plain | tau | acceptance per position |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in facts.bench:
             lines.append(
-                f"| {r.get('method')} | {r.get('temperature')} | {r.get('tokens_per_s')} | "
+                f"| {r.get('method')} | {r.get('temperature')} | {r.get('batch_size', 1)} "
+                f"| {r.get('tokens_per_s')} | "
                 f"{r.get('speedup_vs_plain')} | {r.get('mean_accepted', 1.0)} | "
                 f"{r.get('accept_rate_per_position', [])} |"
             )

@@ -2,6 +2,7 @@
 with per-cycle depths, plain steps (depth 0) included, for every drafter kind: greedy identity with plain
 decoding at batch 1 and 7, and the sampled law of the first tokens against the target's exact law."""
 
+import json
 from collections import Counter
 
 import pytest
@@ -214,3 +215,25 @@ def test_sampled_law_with_changing_depths_is_the_targets(target, law, kind, scri
     stat, threshold = chi_square(counts, law, n)
     assert stat < threshold, f"{kind} {script}: chi2 {stat:.1f} >= {threshold:.1f}"
     assert chi2.sf(stat, len(law) - 1) > 1e-6
+
+
+def test_generate_cli_takes_auto_trees(tiny_dir, capsys):
+    from draftsmith.runtime.cli import main
+
+    argv = [
+        "generate",
+        "--target",
+        str(tiny_dir),
+        "--prompt",
+        "w1 w2 w1 w2",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    ]
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--draft", "ngram", "--tree", "auto:3", "--batch-size", "2"]) == 0
+    out = capsys.readouterr()
+    auto = json.loads(out.out)
+    assert auto["token_ids"] == plain["token_ids"] and "load-aware depth counts (0..3)" in out.err
+    assert main([*argv, "--draft", "ngram", "--tree", "auto:0"]) == 2

@@ -80,3 +80,20 @@ def test_crop_and_compact():
     assert not cache.valid[:, 4:].any() and cache.valid[:, :4].all()
     cache.crop(3)
     assert cache.length == 3 and not cache.valid[:, 3:].any()
+
+
+def test_keep_prefixes_equals_compacting_a_prefix():
+    """Chains accept a prefix of their slots: keeping it in place must leave what compact would."""
+    moved, kept = make_cache(capacity=8), make_cache(capacity=8)
+    for cache in (moved, kept):
+        write(cache, [[1, 2], [3, 4]])
+        write(cache, [[10, 11, 12, 13], [20, 21, 22, 23]])
+    lengths = [3, 1]  # row 0 keeps root + 2 accepted, row 1 only its root
+    moved.compact(2, torch.tensor([[2, 3, 4], [2, 2, 2]]), torch.tensor([[1, 1, 1], [1, 0, 0]]).bool())
+    kept.keep_prefixes(2, lengths)
+    assert kept.length == moved.length == 5
+    assert torch.equal(kept.valid, moved.valid)
+    valid = kept.valid[:, :5]
+    for a, b in zip(kept.keys + kept.values, moved.keys + moved.values):
+        assert torch.equal(a[:, :, :5][valid[:, None, :].expand(-1, a.shape[1], -1)],
+                           b[:, :, :5][valid[:, None, :].expand(-1, b.shape[1], -1)])  # fmt: skip

@@ -87,7 +87,7 @@ def test_every_format_reads_back_with_a_card(run_dir, target, tmp_path, args, la
     meta, body = card(out)
     assert meta["base_model"] == str(Path(target.name)) and meta["license"] == "other"
     assert "speculative-decoding" in meta["tags"] and meta["datasets"]
-    assert "| 12.5 | 1.25 | 1.6 | [0.5, 0.1] |" in body and "99.0" not in body
+    assert "| 1 | 12.5 | 1.25 | 1.6 | [0.5, 0.1] |" in body and "99.0" not in body
     assert "simulated tau 1.3" in body and "up to 10 conversations" in body
     if "speculators" in args:  # like speculators' own files: the verifier's embedding and architectures
         from safetensors.torch import load_file
@@ -278,3 +278,20 @@ def test_mtp_mimo_layout_is_the_target_as_qwen2_plus_one_module(target, tmp_path
     save_mtp(MtpHead(MtpConfig.for_target(target, num_modules=2)), tmp_path / "mtp2")
     assert main(["export", str(tmp_path / "mtp2"), "--format", "mtp-mimo", "--out", str(tmp_path / "x")]) == 2
     assert "num_modules" in capsys.readouterr().err
+
+
+def test_card_reads_a_draftsmith_bench_folder(run_dir, tmp_path):
+    """`draftsmith bench` writes results.json (a list of rows) and meta.json; the card quotes both."""
+    from draftsmith.train.model_card import bench_rows
+
+    rows = json.loads((run_dir / "bench.json").read_text())["rows"]
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps([{**r, "batch_size": 4} for r in rows]))
+    meta = {"date": "2026-11-30T08:00:00+00:00", "command": "draftsmith bench --draft eagle3:X"}
+    meta |= {"request": {"prompts": "humaneval"}, "machine": {"processor": "x86_64", "device": "cpu"}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    ours, where = bench_rows(folder / "results.json", run_dir / "final")
+    assert [r["method"] for r in ours] == ["plain", f"eagle3:{run_dir / 'final'}@chain:2"]
+    assert where["prompt_set"] == "humaneval" and where["command"] == meta["command"]
+    assert where["date"].startswith("2026-11-30") and "x86_64" in where["machine"]

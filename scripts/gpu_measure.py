@@ -1,0 +1,161 @@
+"""GPU measurements behind issue 9's goals, run by scripts/gpu_check.sh on a lent H100/H200 (no network).
+
+    python scripts/gpu_measure.py --out runs/gpu-check/measure.json [--head runs/eagle3-smollm2-135m/final]
+    python scripts/gpu_measure.py --small --device cpu --out /tmp/m.json      # the plumbing, on a CPU
+
+1. machine: copy bandwidth and bf16 matmul rate (draftsmith.runtime.roofline.machine_rates);
+2. plain decode tokens/s of the embedded target and of a random-weight Llama-3.1-8B-shaped model (bf16,
+   batch 1, after a warm-up), each against its memory-bound roofline (goal: >= 75% at 8B shape);
+3. verification cost of one forward over n = 1..128 chain tokens at 8B shape, as a multiple of a
+   1-token step (goal: 64 nodes <= 1.2x);
+4. end to end, if --head is given: plain vs the head (chain and load-aware) on the embedded target
+   (draftsmith bench rows; goal: efficiency = speedup / tau >= 0.8).
+Writes one JSON and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+LLAMA_8B = dict(  # Llama-3.1-8B's shape (weights random: speed does not depend on them)
+    hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+    num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+)  # fmt: skip
+SMALL = dict(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, vocab_size=1000, max_position_embeddings=2048,
+)  # fmt: skip
+
+
+def random_target(shape: dict, device: str, dtype: torch.dtype, tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftsmith.runtime.target import Target
+
+    config = LlamaConfig(**shape, tie_word_embeddings=False)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
+    return Target(model, tokenizer, f"random-llama-{shape['hidden_size']}x{shape['num_hidden_layers']}")
+
+
+def decode_rate(target, prompt_len: int, new_tokens: int) -> dict:
+    from draftsmith.runtime.engine import generate_plain
+    from draftsmith.runtime.sampling import SamplingParams
+
+    ids = torch.randint(0, min(target.vocab_size, 30000), (prompt_len,)).tolist()
+    generate_plain(target, [ids], SamplingParams(), 8)  # warm-up
+    _sync(target.device)
+    start = time.perf_counter()
+    [res] = generate_plain(target, [ids], SamplingParams(), new_tokens)
+    _sync(target.device)
+    wall = time.perf_counter() - start
+    return {
+        "new_tokens": res.new_tokens,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(res.new_tokens / wall, 2),
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plain_vs_roofline(target, machine: dict, prompt_len: int, new_tokens: int) -> dict:
+    from draftsmith.runtime.roofline import roofline
+
+    rate = decode_rate(target, prompt_len, new_tokens)
+    line = roofline(target, machine, 1, prompt_len + new_tokens // 2)
+    share = rate["tokens_per_s"] / line["memory_bound_tokens_per_s"]
+    return {"target": target.name, **rate, "roofline": line, "share_of_roofline": round(share, 3)}
+
+
+def verify_curve(target, nodes: list[int]) -> dict:
+    from draftsmith.runtime.load_aware import measure_verify_costs
+
+    costs = measure_verify_costs(target, [1], max_nodes=max(nodes), context=512, repeats=5)
+    ms = costs.seconds[1]
+    return {
+        "ms": {n: round(1000 * ms[n - 1], 3) for n in nodes},
+        "x_one": {n: round(ms[n - 1] / ms[0], 3) for n in nodes},
+    }
+
+
+def end_to_end(target, head: str, out: Path) -> list[dict]:
+    from draftsmith.runtime.bench_run import BenchRequest, run_bench
+
+    request = BenchRequest(
+        drafts=[f"eagle3:{head}"], trees=["chain:3", "dynamic:depth=4,topk=4,tokens=16", "auto:4"],
+        prompts="jsonl:configs/prompts/runtime-bench.jsonl", num_prompts=8, max_new_tokens=128,
+        batch_sizes=[1, 8], baselines=["plain", "hf"], out=str(out / "bench"), roofline=False,
+        command="python scripts/gpu_measure.py (end to end)",
+    )  # fmt: skip
+    return run_bench(request, target=target)["rows"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--small", action="store_true", help="tiny random shapes instead of 8B (plumbing check)"
+    )
+    parser.add_argument("--head", help="an EAGLE-3 head folder for the end-to-end rows")
+    parser.add_argument("--out", default="runs/gpu-check/measure.json")
+    args = parser.parse_args()
+    from draftsmith.runtime.roofline import machine_rates
+    from draftsmith.runtime.target import Target
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    device = torch.device(args.device)
+    result: dict = {"date": time.strftime("%Y-%m-%d"), "platform": platform.platform()}
+    result["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    result["machine"] = machine_rates(device, cache=False)
+    embedded = Target.load("smollm2-135m", device=args.device, dtype=str(dtype).removeprefix("torch."))
+    big = random_target(SMALL if args.small else LLAMA_8B, args.device, dtype, embedded.tokenizer)
+    result["plain"] = [
+        plain_vs_roofline(t, result["machine"], 128, 32 if args.small else 256) for t in (embedded, big)
+    ]
+    nodes = [1, 2, 4, 8] if args.small else [1, 2, 4, 8, 16, 32, 64, 96, 128]
+    result["verify_8b_shape"] = verify_curve(big, nodes)
+    if args.head:
+        del big
+        result["end_to_end"] = end_to_end(embedded, args.head, out.parent)
+    out.write_text(json.dumps(result, indent=1))
+    print_table(result)
+
+
+def print_table(r: dict) -> None:
+    m = r["machine"]
+    print(
+        f"\n{r['gpu'] or r['platform']}: copy {m['bandwidth_gb_s']} GB/s, matmul {m['matmul_tflops']} TFLOP/s"
+    )
+    print("| target | tok/s | memory-bound ceiling | share (goal 8B >= 0.75) |\n|---|---:|---:|---:|")
+    for p in r["plain"]:
+        print(
+            f"| {p['target']} | {p['tokens_per_s']} | {p['roofline']['memory_bound_tokens_per_s']} "
+            f"| {p['share_of_roofline']} |"
+        )
+    v = r["verify_8b_shape"]
+    print("\n| nodes | ms | x one token (goal 64 <= 1.2) |\n|---:|---:|---:|")
+    for n, ms in v["ms"].items():
+        print(f"| {n} | {ms} | {v['x_one'][n]} |")
+    for row in r.get("end_to_end", []):
+        print(
+            f"{row['method']} b={row['batch_size']}: {row['tokens_per_s']} tok/s, "
+            f"speedup {row['speedup_vs_plain']}, "
+            f"tau {row.get('mean_accepted')}, efficiency {row.get('efficiency')}"
+        )
+
+
+if __name__ == "__main__":
+    main()

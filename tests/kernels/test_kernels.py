@@ -1,0 +1,186 @@
+"""draftsmith.kernels: the torch references against the runtime's proven rules and cache, the Triton
+kernels (in Triton's interpreter, fp32, small shapes) against the references, and the dispatch switch."""
+
+import logging
+
+import pytest
+import torch
+
+from draftsmith import kernels
+from draftsmith.kernels.reference import (
+    chain_accept_greedy_ref,
+    chain_accept_ref,
+    inverse_cdf,
+    kv_compact_ref,
+)
+from draftsmith.runtime.acceptance import accept_greedy, accept_sampled
+from draftsmith.runtime.kv_cache import KVCache
+
+
+def chain_case(batch=5, k=3, vocab=37, seed=0, agree=0.6):
+    """p [B, K+1, V], q [B, K, V], tokens drawn from q (so some are accepted), coins, draws."""
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(2 * torch.randn(batch, k + 1, vocab, generator=g), -1)
+    q = torch.softmax(2 * torch.randn(batch, k, vocab, generator=g), -1)
+    q = agree * p[:, :k] + (1 - agree) * q  # drafts that often agree with the target
+    tokens = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
+    return p, q, tokens, torch.rand(batch, k, generator=g), torch.rand(batch, generator=g)
+
+
+# ---- references against the runtime ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_chain_ref_equals_the_runtimes_rejection_rule(seed):
+    p, q, tokens, coins, draws = chain_case(seed=seed)
+    num, nxt = chain_accept_ref(p, q, tokens, coins, draws)
+    k = tokens.shape[1]
+    for b in range(tokens.shape[0]):
+        coin_values = iter(coins[b].tolist())
+        verdict = accept_sampled(
+            list(range(-1, k)),
+            [0, *tokens[b].tolist()],
+            p[b],
+            torch.cat([q.new_zeros(1, q.shape[-1]), q[b]]),  # node 0 (the root) was not drafted
+            lambda prob, it=coin_values: next(it) < float(prob),
+            lambda dist, b=b: int(inverse_cdf(dist[None], draws[b : b + 1])[0]),
+        )
+        assert (len(verdict.accepted), verdict.next_token) == (int(num[b]), int(nxt[b]))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_greedy_ref_equals_the_runtimes_rule(seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(6, 4, 29, generator=g)
+    tokens = logits[:, :3].argmax(-1)
+    tokens[torch.arange(6), torch.arange(6) % 3] = (
+        0  # each row breaks its chain somewhere (or not, if 0 wins)
+    )
+    num, nxt = chain_accept_greedy_ref(logits, tokens)
+    for b in range(6):
+        verdict = accept_greedy([-1, 0, 1, 2], [5, *tokens[b].tolist()], logits[b])
+        assert (len(verdict.accepted), verdict.next_token) == (int(num[b]), int(nxt[b]))
+
+
+def test_kv_compact_ref_equals_the_caches_compaction():
+    g = torch.Generator().manual_seed(0)
+    cache = KVCache(2, 3, 2, 4, 16, torch.float32, "cpu")
+    cache.reserve(10, torch.ones(3, 10, dtype=torch.bool))
+    for layer in range(2):
+        cache.update(torch.randn(3, 2, 10, 4, generator=g), torch.randn(3, 2, 10, 4, generator=g), layer)
+    cache.commit()
+    keys = [t.clone() for t in cache.keys]
+    keep = torch.tensor([[5, 6, 7], [5, 8, 9], [6, 7, 9]])  # overlapping moves: slot 6 -> 5 then 7 -> 6
+    cache.compact(5, keep)
+    for layer in range(2):
+        kv_compact_ref(keys[layer], 5, keep)
+        assert torch.equal(keys[layer][:, :, :8], cache.keys[layer][:, :, :8])
+
+
+# ---- Triton kernels (interpreter) against the references --------------------------------------------
+
+
+@pytest.fixture
+def triton_mode(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "triton")
+    assert kernels.use_triton(torch.device("cpu")), "TRITON_INTERPRET=1 should make the kernels run on CPU"
+
+
+@pytest.mark.parametrize(("batch", "k", "vocab", "seed"), [(1, 1, 7, 0), (4, 3, 37, 1), (3, 5, 2500, 2)])
+def test_chain_kernel_equals_reference(triton_mode, batch, k, vocab, seed):
+    case = chain_case(batch, k, vocab, seed)
+    got = kernels.chain_accept(*case)
+    want = chain_accept_ref(*case)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert 0 < int(want[0].sum()) < batch * k or batch == 1  # both outcomes exercised
+
+
+@pytest.mark.parametrize(("batch", "k", "vocab"), [(1, 1, 5), (5, 4, 3000)])
+def test_greedy_kernel_equals_reference(triton_mode, batch, k, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(batch, k + 1, vocab, generator=g)
+    logits[0, 0, 3] = logits[0, 0, 4] = logits[0, 0].max() + 1  # a tie: the first index wins
+    tokens = logits[:, :k].argmax(-1)
+    tokens[1:, -1] += 1  # rows > 0 reject their last token
+    got, want = kernels.chain_accept_greedy(logits, tokens), chain_accept_greedy_ref(logits, tokens)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("keep", [[[5, 6, 7], [5, 8, 9]], [[6, 7, 8], [9, 10, 11]], [[5], [11]]])
+def test_kv_compact_kernel_equals_reference(triton_mode, keep):
+    cache = torch.randn(2, 3, 12, 20)
+    want = cache.clone()
+    kernels.kv_compact(cache, 5, torch.tensor(keep))
+    kv_compact_ref(want, 5, torch.tensor(keep))
+    assert torch.equal(cache, want)
+
+
+# ---- dispatch and validation ------------------------------------------------------------------------
+
+
+def test_forced_kernels_without_a_way_to_run_fall_back_with_one_line(monkeypatch, caplog):
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "triton")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(kernels, "_warned", set())
+    with caplog.at_level(logging.INFO, logger="draftsmith"):
+        for _ in range(3):
+            num, _ = kernels.chain_accept(*chain_case())
+    assert num.shape == (5,)
+    assert len([r for r in caplog.records if "using the torch references" in r.message]) == 1
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "torch")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not kernels.use_triton(torch.device("cpu"))
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "cuda")
+    with pytest.raises(ValueError, match="DRAFTSMITH_KERNELS"):
+        kernels.use_triton(torch.device("cpu"))
+
+
+def test_inputs_are_validated():
+    p, q, tokens, coins, draws = chain_case()
+    with pytest.raises(ValueError, match="draft_probs"):
+        kernels.chain_accept(p, q.double(), tokens, coins, draws)
+    with pytest.raises(ValueError, match="shapes"):
+        kernels.chain_accept(p, q[:, :2], tokens, coins, draws)
+    with pytest.raises(ValueError, match="tokens"):
+        kernels.chain_accept_greedy(p, tokens.float())
+    with pytest.raises(ValueError, match="do not fit"):
+        kernels.kv_compact(torch.zeros(2, 1, 8, 4), 6, torch.tensor([[6, 7, 8], [6, 7, 8]]))
+    with pytest.raises(ValueError, match="expected a 4-d"):
+        kernels.kv_compact(torch.zeros(8, 4), 0, torch.tensor([[0]]))
+
+
+# ---- on a GPU: compiled kernels at real shapes (scripts/gpu_check.sh runs these) ---------------------
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("batch", "k", "vocab"), [(1, 8, 128256), (16, 4, 49152)])
+def test_chain_kernels_on_cuda_at_real_shapes(monkeypatch, batch, k, vocab):
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "triton")
+    p, q, tokens, coins, draws = (t.cuda() for t in chain_case(batch, k, vocab, seed=batch))
+    num, nxt = kernels.chain_accept(p, q, tokens, coins, draws)
+    ref_num, ref_nxt = chain_accept_ref(p, q, tokens, coins, draws)
+    assert torch.equal(num, ref_num)
+    # the draw is an inverse CDF: blocked and torch cumsums may differ in the last bits, so a token may
+    # differ only where the threshold falls within rounding of a boundary (A11's near-tie rule)
+    assert (nxt != ref_nxt).float().mean() <= 1 / batch
+    logits = torch.randn(batch, k + 1, vocab, device="cuda", dtype=torch.bfloat16)
+    greedy = kernels.chain_accept_greedy(logits, logits[:, :k].argmax(-1))
+    assert all(
+        torch.equal(a, b) for a, b in zip(greedy, chain_accept_greedy_ref(logits, logits[:, :k].argmax(-1)))
+    )
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kv_compact_kernel_on_cuda_at_real_shapes(monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "triton")
+    cache = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.bfloat16)
+    keep = torch.sort(torch.randperm(64, device="cuda")[:16].repeat(8, 1) + 2000, dim=1).values
+    want = cache.clone()
+    kernels.kv_compact(cache, 2000, keep)
+    kv_compact_ref(want, 2000, keep)
+    assert torch.equal(cache, want)  # a copy: bit-exact in any dtype
