@@ -2,6 +2,7 @@
 
     from draftsmith import kernels
     kernels.kv_compact(cache_layer, start, keep)                   # KV-cache path compaction, in place
+    out = kernels.tree_attention(q, k, v, mask, scale)             # tree-verification attention (GQA)
     num, nxt = kernels.chain_accept_greedy(logits, tokens)         # chain verification at temperature 0
     num, nxt = kernels.chain_accept(p, q, tokens, coins, draws)    # exact chain rejection sampling
 
@@ -20,7 +21,12 @@ import os
 
 import torch
 
-from draftsmith.kernels.reference import chain_accept_greedy_ref, chain_accept_ref, kv_compact_ref
+from draftsmith.kernels.reference import (
+    chain_accept_greedy_ref,
+    chain_accept_ref,
+    kv_compact_ref,
+    tree_attention_ref,
+)
 
 log = logging.getLogger("draftsmith")
 MODES = ("auto", "triton", "torch")
@@ -113,3 +119,22 @@ def chain_accept(
         raise ValueError(f"coins {tuple(coins.shape)} / draws {tuple(draws.shape)}: expected [B, K] / [B]")
     impl = _impl().chain_accept if use_triton(device) else chain_accept_ref
     return impl(target_probs, draft_probs, tokens, coins, draws)
+
+
+def tree_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, Hq, T, D], k/v [B, Hkv, S, D] (Hq a multiple of Hkv), mask [B, 1, T, S] bool -> [B, Hq, T, D].
+    Every query row must allow at least one key (runtime/masks.py guarantees its own slot)."""
+    device = q.device
+    _check("q", q, 4, FLOATS, device)
+    _check("k", k, 4, (q.dtype,), device)
+    _check("v", v, 4, (q.dtype,), device)
+    _check("mask", mask, 4, (torch.bool,), device)
+    batch, heads, nodes, dim = q.shape
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != dim or heads % k.shape[1]:
+        raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)}/{tuple(v.shape)} do not match")
+    if mask.shape != (batch, 1, nodes, k.shape[2]):
+        raise ValueError(f"mask {tuple(mask.shape)}: expected {(batch, 1, nodes, k.shape[2])}")
+    impl = _impl().tree_attention if use_triton(device) else tree_attention_ref
+    return impl(q, k, v, mask, scale)

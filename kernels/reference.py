@@ -2,6 +2,7 @@
 host synchronization (everything stays a tensor on the input's device). Only torch is imported.
 
     kv_compact_ref(cache_layer, start, keep)                       # in place, one [B, H, C, D] tensor
+    out = tree_attention_ref(q, k, v, mask, scale)                 # verification attention, GQA
     num, nxt = chain_accept_greedy_ref(logits, tokens)             # temperature 0
     num, nxt = chain_accept_ref(target_probs, draft_probs, tokens, coins, draws)   # temperature > 0
 
@@ -63,3 +64,16 @@ def chain_accept_ref(
     q_padded = torch.cat([draft_probs, draft_probs.new_zeros(batch, 1, vocab)], dim=1)  # no q after the leaf
     residual = (target_probs[rows, num] - q_padded[rows, num]).clamp(min=0)  # [B, V]; = p for a bonus
     return num, inverse_cdf(residual, draws)
+
+
+def tree_attention_ref(
+    q: torch.Tensor,  # [B, Hq, T, D] the new tokens (tree nodes)
+    k: torch.Tensor,  # [B, Hkv, S, D] the cache after the new tokens were written; Hq % Hkv == 0
+    v: torch.Tensor,  # [B, Hkv, S, D]
+    mask: torch.Tensor,  # [B, 1, T, S] bool, True = may attend (runtime/masks.py attention_mask)
+    scale: float,
+) -> torch.Tensor:
+    """Attention of the tree nodes over the cache (prefix + the tree itself) -> [B, Hq, T, D]."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

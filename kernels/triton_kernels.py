@@ -4,6 +4,8 @@ Imported only when Triton is used (kernels/__init__.py decides): on CUDA, or any
 interpreter (`TRITON_INTERPRET=1`, which must be set before this module is imported; the CPU tests do).
 
     kv_compact(cache_layer, start, keep)         one program per (row, kv head): gather, barrier, store
+    tree_attention(q, k, v, mask, scale)         one program per (row, query head, block of nodes): flash
+                                                 attention (online softmax) over cache blocks, masked
     chain_accept_greedy(logits, tokens)          one program per row: blocked argmax per position
     chain_accept(p, q, tokens, coins, draws)     one program per row: accept test per position, then the
                                                  residual's inverse CDF in two vocab-blocked passes
@@ -146,3 +148,62 @@ def chain_accept(
         p.stride(0), p.stride(1), q.stride(0), q.stride(1), K=k, BLOCK=BLOCK_V,
     )  # fmt: skip
     return num, nxt
+
+
+@triton.jit
+def _tree_attention_kernel(
+    q, k, v, mask, out, scale, T, S, group,
+    qs_b, qs_h, qs_t, ks_b, ks_h, ks_s, vs_b, vs_h, vs_s, ms_b, ms_t, os_b, os_h, os_t,
+    D: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr, BD: tl.constexpr, HQ: tl.constexpr,
+):  # fmt: skip
+    pid, tb = tl.program_id(0), tl.program_id(1)
+    b, hq = pid // HQ, pid % HQ
+    hk = hq // group
+    t = tb * BT + tl.arange(0, BT)
+    d = tl.arange(0, BD)
+    tm, dm = t < T, d < D
+    qv = tl.load(
+        q + b * qs_b + hq * qs_h + t[:, None] * qs_t + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0
+    )
+    m_i = tl.full((BT,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BT,), tl.float32)
+    acc = tl.zeros((BT, BD), tl.float32)
+    for s0 in range(0, S, BS):
+        s = s0 + tl.arange(0, BS)
+        sm = s < S
+        kv_mask = sm[:, None] & dm[None, :]
+        kb = tl.load(k + b * ks_b + hk * ks_h + s[:, None] * ks_s + d[None, :], mask=kv_mask, other=0.0)
+        vb = tl.load(v + b * vs_b + hk * vs_h + s[:, None] * vs_s + d[None, :], mask=kv_mask, other=0.0)
+        allowed = tl.load(
+            mask + b * ms_b + t[:, None] * ms_t + s[None, :], mask=tm[:, None] & sm[None, :], other=0
+        )
+        scores = tl.dot(qv.to(tl.float32), tl.trans(kb.to(tl.float32))) * scale  # [BT, BS]
+        scores = tl.where(allowed != 0, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing allowed yet
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32))
+        m_i = m_new
+    result = acc / l_i[:, None]
+    tl.store(out + b * os_b + hq * os_h + t[:, None] * os_t + d[None, :], result.to(out.dtype.element_ty),
+             mask=tm[:, None] & dm[None, :])  # fmt: skip
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+    batch, heads, nodes, dim = q.shape
+    slots = k.shape[2]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    mask = mask.to(torch.int8).contiguous()
+    out = torch.empty_like(q)
+    bt = max(16, triton.next_power_of_2(min(nodes, 64)))
+    grid = (batch * heads, triton.cdiv(nodes, bt))
+    _tree_attention_kernel[grid](
+        q, k, v, mask, out, scale, nodes, slots, heads // k.shape[1],
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), mask.stride(0), mask.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        D=dim, BT=bt, BS=64, BD=max(16, triton.next_power_of_2(dim)), HQ=heads,
+    )  # fmt: skip
+    return out

@@ -4,10 +4,11 @@
 
 Fairness (BENCHMARKS.md rules; EAGLE's speed.py and Spec-Bench do the same): every method decodes the same
 prompts with the same max-new-tokens; each method first runs one warm-up batch at the batch size it is
-about to be timed at; prompts are grouped into batches in source order and, per batch, the methods run in
-a rotating order (A B C, B C A, ...) so drift hits all alike; with repeats, each batch's wall time is the
-median. Multi-turn questions (MT-bench, Spec-Bench) ask turn k after the method's own answer to turn
-k-1 (at temperature 0 every lossless method gives the same answer, so the same second prompt).
+about to be timed at; prompts are grouped into batches in source order and, per batch and repeat, the
+methods run in a rotating order (A B C, B C A, ...) so drift and order effects hit all alike; with
+repeats, each batch's wall time is the median. Multi-turn questions (MT-bench, Spec-Bench) ask turn k
+after the method's own answer to turn k-1 (at temperature 0 every lossless method gives the same answer,
+so the same second prompt).
 
 Per row (method, temperature, batch size): tokens/s and speedup over `plain` (summed tokens / summed wall
 time), the median per-batch speedup, TTFT and TPOT per request (median and p90), tau = new tokens / target
@@ -65,9 +66,9 @@ def run_group(method, target, convs: list[BenchPrompt], params, max_new: int, se
     return run
 
 
-def time_group(method, target, convs, params, max_new, seed, chat, repeats: int) -> GroupRun:
-    """`repeats` runs; the first run's outputs, the median wall time and per-request median TTFT."""
-    runs = [run_group(method, target, convs, params, max_new, seed, chat) for _ in range(repeats)]
+def merge_repeats(runs: list[GroupRun]) -> GroupRun:
+    """Repeats of one method on one batch -> the first run's outputs with the median wall time and the
+    per-request median TTFT."""
     first = runs[0]
     first.wall_s = statistics.median(r.wall_s for r in runs)
     for t, (_, out) in enumerate(first.turns):
@@ -78,24 +79,27 @@ def time_group(method, target, convs, params, max_new, seed, chat, repeats: int)
 
 
 def compare_at(methods: dict, target, convs, params, max_new, batch, repeats, seed, chat) -> dict:
-    """All methods on all batches of `batch` conversations, interleaved -> {name: [GroupRun]}."""
+    """All methods on all batches of `batch` conversations, interleaved -> {name: [GroupRun]}. Repeat r
+    of batch g runs the methods in the order rotated by g + r, so no method always runs first or last."""
     groups = [convs[i : i + batch] for i in range(0, len(convs), batch)]
     names = list(methods)
     shortest = min(convs, key=lambda c: len(c.turns[0]))
     warm = [BenchPrompt(shortest.turns[:1])] * min(batch, len(convs))
     for name in names:
         run_group(methods[name], target, warm, params, WARMUP_TOKENS, seed, chat)
-    per: dict[str, list[GroupRun]] = {name: [] for name in names}
+    runs: dict[tuple[str, int], list[GroupRun]] = {(n, g): [] for n in names for g in range(len(groups))}
     desc = f"bench T={params.temperature:g} batch={batch}"
-    with tqdm(total=len(groups) * len(names), desc=desc, unit="run", leave=False) as bar:
-        for g, group in enumerate(groups):
-            for name in names[g % len(names) :] + names[: g % len(names)]:
-                run = time_group(
-                    methods[name], target, group, params, max_new, seed + 1009 * g, chat, repeats
-                )
-                per[name].append(run)
-                bar.update(1)
-    return per
+    with tqdm(total=repeats * len(groups) * len(names), desc=desc, unit="run", leave=False) as bar:
+        for rep in range(repeats):
+            for g, group in enumerate(groups):
+                shift = (g + rep) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    group_seed = seed + 1009 * g
+                    runs[name, g].append(
+                        run_group(methods[name], target, group, params, max_new, group_seed, chat)
+                    )
+                    bar.update(1)
+    return {name: [merge_repeats(runs[name, g]) for g in range(len(groups))] for name in names}
 
 
 def requests(runs: list[GroupRun]) -> list[tuple[tuple[int, int, int], list[int], float, float | None]]:

@@ -72,7 +72,11 @@ class DraftsmithMethod(Method):
             return None
         from draftsmith.runtime.load_aware import LoadAwareDepth
 
-        return self.policies.setdefault(batch, LoadAwareDepth(self.costs, self.max_depth))
+        if batch not in self.policies:
+            self.policies[batch] = LoadAwareDepth(
+                self.costs, self.max_depth, step_cost=self.drafter.step_cost
+            )
+        return self.policies[batch]
 
     def run(self, prompts, params, max_new_tokens, seed) -> BatchOutput:
         from draftsmith.runtime.engine import generate_plain

@@ -49,6 +49,37 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def speedup_matrix(rows: list[dict]) -> str:
+    """Markdown: one line per method, speedup over plain per (temperature, batch size), plus tau and
+    acceptance per position at the smallest batch; a greedy mismatch is marked with a `!`."""
+    cols = sorted({(r["temperature"], r["batch_size"]) for r in rows})
+    small = min(b for _, b in cols)
+    head = " | ".join(f"T={t:g} b={b}" for t, b in cols)
+    lines = [f"| method | {head} | tau (b={small}) | acceptance per position (b={small}) |"]
+    lines.append("|---|" + "---:|" * len(cols) + "---|---|")
+    for name in dict.fromkeys(r["method"] for r in rows):
+        mine = {(r["temperature"], r["batch_size"]): r for r in rows if r["method"] == name}
+        cells = []
+        for col in cols:
+            r = mine.get(col)
+            cells.append(
+                "-"
+                if r is None
+                else f"{r['speedup_vs_plain']:.2f}{'!' if r.get('greedy_identical') is False else ''}"
+            )
+        taus = [
+            f"{mine[c]['mean_accepted']:.2f}"
+            for c in cols
+            if c in mine and c[1] == small and mine[c].get("mean_accepted")
+        ]
+        accept = [str([round(a, 2) for a in mine[c]["accept_rate_per_position"]]) for c in cols
+                  if c in mine and c[1] == small and mine[c].get("accept_rate_per_position")]  # fmt: skip
+        lines.append(
+            f"| {name} | {' | '.join(cells)} | {' / '.join(taus) or '-'} | {' / '.join(accept) or '-'} |"
+        )
+    return "\n".join(lines)
+
+
 def roofline_table(roof: dict, rows: list[dict]) -> str:
     m = roof["machine"]
     lines = [
@@ -106,6 +137,7 @@ def report_markdown(rows: list[dict], meta: dict, plots: list[str]) -> str:
             f"**GREEDY MISMATCH**: {', '.join(broken)} differ from plain decoding at temperature 0.",
             "",
         ]
+    parts += ["## Speedup over plain decoding", "", speedup_matrix(rows), ""]
     parts += ["## Results", "", format_table(rows), ""]
     if meta.get("skipped"):
         parts += [

@@ -106,7 +106,8 @@ def run_generate(args: argparse.Namespace) -> None:
     policy = None
     if auto_depth and drafter is not None:  # measured before the clock starts, like a server's start-up
         sizes = sorted({min(args.batch_size, len(prompt_ids)), 1})
-        policy = LoadAwareDepth(measure_verify_costs(target, sizes, max_nodes=auto_depth + 1), auto_depth)
+        costs = measure_verify_costs(target, sizes, max_nodes=auto_depth + 1)
+        policy = LoadAwareDepth(costs, auto_depth, step_cost=drafter.step_cost)
     start = time.perf_counter()
     run = (args.max_new_tokens, args.seed, args.batch_size)
     if drafter is None:

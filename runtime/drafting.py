@@ -60,6 +60,7 @@ class Drafter:
     capture_layers: tuple[
         int, ...
     ] = ()  # target layers whose hidden states the drafter reads (feature heads)
+    step_cost = 0.0  # one drafted level's cost relative to a 1-token target forward (build_drafter sets it)
 
     def __init__(self) -> None:
         self.forwards = 0  # draft model forwards so far (each covers the whole batch)
@@ -103,21 +104,27 @@ def build_drafter(
     if spec == "ngram":
         from draftsmith.runtime.ngram import NgramDrafter
 
-        return NgramDrafter(tree)
+        return NgramDrafter(tree)  # step_cost 0: a lookup, no model
     if kind == "self" and sep:
         from draftsmith.runtime.lm_drafter import LMDrafter
 
-        return LMDrafter(target, tree, num_layers=_self_layers(spec, arg, target.num_layers))
+        drafter = LMDrafter(target, tree, num_layers=_self_layers(spec, arg, target.num_layers))
+        drafter.step_cost = drafter.num_layers / target.num_layers
+        return drafter
     if kind == "model" and arg:
         from draftsmith.runtime.lm_drafter import LMDrafter, load_draft_model
 
-        return LMDrafter(load_draft_model(arg, target, device, dtype), tree)
+        drafter = LMDrafter(load_draft_model(arg, target, device, dtype), tree)
+        drafter.step_cost = _param_ratio(drafter.model.model, target)
+        return drafter
     if kind == "eagle3" and arg:
         from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
         from draftsmith.runtime.layouts import load_eagle3
 
         head = load_eagle3(arg, target).to(device=target.device, dtype=target.dtype)
-        return Eagle3Drafter(head, target, tree)
+        drafter = Eagle3Drafter(head, target, tree)
+        drafter.step_cost = _param_ratio(head, target)
+        return drafter
     if kind == "mtp" and arg:
         from draftsmith.runtime.mtp import load_head as load_mtp
         from draftsmith.runtime.mtp_drafter import MtpDrafter
@@ -126,7 +133,13 @@ def build_drafter(
         if option not in ("", "recursive"):
             raise BadInputError("--draft", spec, "mtp:DIR or mtp:DIR#recursive")
         head = load_mtp(folder, target).to(device=target.device, dtype=target.dtype)
-        return MtpDrafter(head, target, tree, recursive=option == "recursive")
+        drafter = MtpDrafter(head, target, tree, recursive=option == "recursive")
+        # a module's own weights, plus the target's LM head it drafts through (MTP shares it)
+        lm_head = target.model.get_output_embeddings().weight.numel()
+        drafter.step_cost = _param_ratio(head, target) / head.config.num_modules + lm_head / _count(
+            target.model
+        )
+        return drafter
     raise BadInputError("--draft", spec, f"one of {', '.join(DRAFT_SPECS)}")
 
 
@@ -138,3 +151,13 @@ def _self_layers(spec: str, arg: str, num_layers: int) -> int:
     if key != "layers" or not value.isdigit() or not 1 <= int(value) <= num_layers - 1:
         raise BadInputError("--draft", spec, expected)
     return int(value)
+
+
+def _count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in {p.data_ptr(): p for p in module.parameters()}.values())
+
+
+def _param_ratio(module: torch.nn.Module, target) -> float:
+    """Parameters a draft step reads over the target's (each counted once): a cost proxy for decoding,
+    which reads every weight once per step."""
+    return _count(module) / _count(target.model)

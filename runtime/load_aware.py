@@ -14,8 +14,11 @@ token j-1 accepted)), a cycle yields E_k = 1 + sum_j prod_{i<=j} a_i tokens per 
 included) and costs T_k = verify(b, k + 1) + k * draft_step, so the policy picks the k in 0..K that
 maximizes E_k / T_k; k = 0 is a plain decoding step (E_0 = 1, no draft). verify(b, n) is the measured
 cost curve (interpolated over batch sizes); draft_step and a_j are running averages of what the cycles
-observed. While k = 0 wins, a probe cycle at depth 1 refreshes a_1 every `probe_every` cycles, with the
-interval doubling each time the probe confirms plain decoding (so a hopeless drafter costs ~nothing).
+observed, starting from priors: a_j = 0.5 and draft_step = the drafter's `step_cost` (its parameters
+over the target's) x verify(b, 1). While k = 0 wins, a probe cycle at depth 1 refreshes a_1 every
+`probe_every` cycles, the interval doubling each time the probe confirms plain decoding, and only if
+drafting could pay at all (perfect acceptance at the current cost estimates): a drafter that cannot
+(early exit through most of the target) never drafts, and never pays its catch-up over the prompt.
 
 The depth of each cycle depends only on earlier cycles, never on the current cycle's random draws, so
 the accept/reject rule stays exactly lossless (a stopping-time argument; tests check greedy identity and
@@ -115,6 +118,7 @@ def expected_tokens(rates: list[float], depth: int) -> float:
 class LoadAwareDepth:
     costs: VerifyCosts
     max_depth: int
+    step_cost: float = 0.0  # prior for one drafted level, relative to a 1-token forward (Drafter.step_cost)
     prior_accept: float = 0.5  # pseudo-observation before any cycle (weight `prior_weight`)
     prior_weight: float = 2.0
     decay: float = 0.97  # per observed cycle: recent acceptance counts more
@@ -135,27 +139,28 @@ class LoadAwareDepth:
         return [a / t for a, t in zip(self.accepted, self.tried, strict=True)]
 
     def cycle_seconds(self, batch: int, depth: int) -> float:
-        draft = 0.0 if depth == 0 else depth * (self.draft_step_s or 0.0)
-        return self.costs(batch, depth + 1) + draft
+        step = self.draft_step_s if self.draft_step_s is not None else self.step_cost * self.costs(batch, 1)
+        return self.costs(batch, depth + 1) + depth * step
 
-    def best_depth(self, batch: int) -> int:
-        rates = self.rates()
+    def best_depth(self, batch: int, rates: list[float] | None = None) -> int:
+        rates = self.rates() if rates is None else rates
         gains = [expected_tokens(rates, k) / self.cycle_seconds(batch, k) for k in range(self.max_depth + 1)]
         return max(range(len(gains)), key=gains.__getitem__)
 
+    def could_pay(self, batch: int) -> bool:
+        """Would drafting beat plain decoding if every drafted token were accepted?"""
+        return self.best_depth(batch, [1.0] * self.max_depth) > 0
+
     def choose(self, batch: int) -> int:
         """The depth of the next cycle for a batch of `batch` running rows."""
-        if self.draft_step_s is None:  # the first cycle measures the drafter at full depth
-            depth = self.max_depth
+        depth = self.best_depth(batch)
+        self._probing = False
+        if depth == 0:
+            self._since_probe += 1
+            if self._since_probe >= self._interval and self.could_pay(batch):
+                depth, self._probing, self._since_probe = 1, True, 0
         else:
-            depth = self.best_depth(batch)
-            self._probing = False
-            if depth == 0:
-                self._since_probe += 1
-                if self._since_probe >= self._interval:
-                    depth, self._probing, self._since_probe = 1, True, 0
-            else:
-                self._since_probe, self._interval = 0, self.probe_every
+            self._since_probe, self._interval = 0, self.probe_every
         self.depth_counts[depth] += 1
         return depth
 

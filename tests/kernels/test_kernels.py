@@ -12,9 +12,12 @@ from draftsmith.kernels.reference import (
     chain_accept_ref,
     inverse_cdf,
     kv_compact_ref,
+    tree_attention_ref,
 )
 from draftsmith.runtime.acceptance import accept_greedy, accept_sampled
 from draftsmith.runtime.kv_cache import KVCache
+from draftsmith.runtime.masks import attention_mask
+from draftsmith.runtime.tree import ancestor_mask, parse_tree_spec
 
 
 def chain_case(batch=5, k=3, vocab=37, seed=0, agree=0.6):
@@ -116,6 +119,37 @@ def test_kv_compact_kernel_equals_reference(triton_mode, keep):
     assert torch.equal(cache, want)
 
 
+def attention_case(batch=2, hq=4, hkv=2, prefix=37, dim=16, tree="static:binary-3", seed=0):
+    """Tree nodes over a cache with holes: q, k, v and the runtime's own mask."""
+    g = torch.Generator().manual_seed(seed)
+    nodes = parse_tree_spec(tree).size
+    slots = prefix + nodes
+    q = torch.randn(batch, hq, nodes, dim, generator=g)
+    k, v = (torch.randn(batch, hkv, slots, dim, generator=g) for _ in range(2))
+    valid = torch.rand(batch, slots, generator=g) > 0.2  # padding and holes
+    mask = attention_mask(valid, nodes, ancestor_mask(parse_tree_spec(tree)))
+    return q, k, v, mask, dim**-0.5
+
+
+def test_tree_attention_ref_equals_the_models_gqa_attention():
+    q, k, v, mask, scale = attention_case()
+    got = tree_attention_ref(q, k, v, mask, scale)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            scores = q[b, h] @ k[b, h // 2].T * scale
+            probs = torch.softmax(scores.masked_fill(~mask[b, 0], float("-inf")), dim=-1)
+            torch.testing.assert_close(got[b, h], probs @ v[b, h // 2], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("batch", "hq", "hkv", "prefix", "dim", "tree"),
+    [(1, 2, 2, 5, 16, "chain:1"), (2, 4, 2, 100, 32, "static:binary-3"), (3, 6, 2, 70, 24, "chain:20")],
+)
+def test_tree_attention_kernel_equals_reference(triton_mode, batch, hq, hkv, prefix, dim, tree):
+    case = attention_case(batch, hq, hkv, prefix, dim, tree)
+    torch.testing.assert_close(kernels.tree_attention(*case), tree_attention_ref(*case), atol=2e-5, rtol=1e-5)
+
+
 # ---- dispatch and validation ------------------------------------------------------------------------
 
 
@@ -148,6 +182,13 @@ def test_inputs_are_validated():
         kernels.kv_compact(torch.zeros(2, 1, 8, 4), 6, torch.tensor([[6, 7, 8], [6, 7, 8]]))
     with pytest.raises(ValueError, match="expected a 4-d"):
         kernels.kv_compact(torch.zeros(8, 4), 0, torch.tensor([[0]]))
+    q, k, v, mask, scale = attention_case()
+    with pytest.raises(ValueError, match="mask"):
+        kernels.tree_attention(q, k, v, mask[:, :, :, 1:], scale)
+    with pytest.raises(ValueError, match="do not match"):
+        kernels.tree_attention(q, k[:, :, :, :8], v[:, :, :, :8], mask, scale)
+    with pytest.raises(ValueError, match="dtype"):
+        kernels.tree_attention(q, k.double(), v, mask, scale)
 
 
 # ---- on a GPU: compiled kernels at real shapes (scripts/gpu_check.sh runs these) ---------------------
@@ -184,3 +225,21 @@ def test_kv_compact_kernel_on_cuda_at_real_shapes(monkeypatch):
     kernels.kv_compact(cache, 2000, keep)
     kv_compact_ref(want, 2000, keep)
     assert torch.equal(cache, want)  # a copy: bit-exact in any dtype
+
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}  # atol vs an fp32 reference
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize(("batch", "nodes"), [(1, 64), (8, 16)])
+def test_tree_attention_kernel_on_cuda_at_8b_shape(monkeypatch, dtype, batch, nodes):
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "triton")
+    tree = f"chain:{nodes - 1}"
+    q, k, v, mask, scale = (
+        t.cuda() if isinstance(t, torch.Tensor) else t for t in attention_case(batch, 32, 8, 2000, 128, tree)
+    )
+    want = tree_attention_ref(q, k, v, mask, scale)  # fp32
+    got = kernels.tree_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask, scale)
+    torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype], rtol=0)

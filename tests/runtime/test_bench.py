@@ -260,3 +260,16 @@ def test_bad_bench_input_exits_2(tiny_dir, tmp_path, machine_cache, capsys, extr
         argv += ["--prompts", "humaneval"]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_hf_assisted_baseline_runs_at_batch_1_only(tiny_dir, tmp_path, machine_cache):
+    out = tmp_path / "bench"
+    argv = ["bench", "--target", str(tiny_dir), "--baselines", f"plain,hf-assisted:{tiny_dir}"]
+    argv += ["--prompts", "humaneval", "--num-prompts", "2", "--max-new-tokens", "5", "--out", str(out)]
+    assert main([*argv, "--batch-sizes", "1,2", "--no-plots", "--no-roofline"]) == 0
+    rows = json.loads((out / "results.json").read_text())
+    assisted = [r for r in rows if r["method"].startswith("hf-assisted")]
+    assert [r["batch_size"] for r in assisted] == [1] and assisted[0]["greedy_identical"]
+    skipped = json.loads((out / "meta.json").read_text())["skipped"]
+    assert skipped[0]["batch_size"] == 2 and "one sequence at a time" in skipped[0]["why"]
+    assert "roofline" not in json.loads((out / "meta.json").read_text())

@@ -62,15 +62,24 @@ def feed(policy, batch, depth, accepted, draft_s=0.0):
 
 def test_depth_follows_acceptance_and_cost():
     policy = LoadAwareDepth(FLAT, max_depth=4)
-    assert policy.choose(1) == 4  # the first cycle measures the drafter at full depth
+    assert policy.choose(1) == 4  # priors: half the tokens accepted, free verification and drafting
     for _ in range(20):
         feed(policy, 1, 4, [4])  # everything accepted, verification is free
     assert policy.choose(1) == 4
     steep = LoadAwareDepth(STEEP, max_depth=4)
-    steep.choose(1)
     for _ in range(20):
         feed(steep, 1, 4, [1])  # only the first token is ever accepted: 1 + a1 < 2 = cost of 2 nodes
     assert steep.choose(1) == 0
+
+
+def test_a_drafter_that_cannot_pay_never_drafts():
+    """Early exit through 90% of the target: even perfect acceptance loses, so no cycle drafts (not even
+    a probe, which would pay the drafter's catch-up over the prompt)."""
+    policy = LoadAwareDepth(VerifyCosts({1: [1.0, 1.1, 1.2, 1.5]}), max_depth=3, step_cost=0.9)
+    assert not policy.could_pay(1)
+    assert {policy.choose(1) for _ in range(300)} == {0}
+    cheap = LoadAwareDepth(VerifyCosts({1: [1.0, 1.1, 1.2, 1.5]}), max_depth=3, step_cost=0.05)
+    assert cheap.could_pay(1) and cheap.choose(1) > 0
 
 
 def test_slow_drafter_is_not_worth_drafting():
@@ -82,8 +91,7 @@ def test_slow_drafter_is_not_worth_drafting():
 
 
 def test_probes_back_off_while_plain_wins():
-    policy = LoadAwareDepth(STEEP, max_depth=2, probe_every=4, max_probe_every=16)
-    policy.choose(1)
+    policy = LoadAwareDepth(VerifyCosts({1: [1.0, 1.6, 2.2]}), max_depth=2, probe_every=4, max_probe_every=16)
     feed(policy, 1, 2, [0])
     depths = []
     for _ in range(100):
@@ -98,7 +106,6 @@ def test_probes_back_off_while_plain_wins():
 
 def test_recovers_when_acceptance_rises():
     policy = LoadAwareDepth(VerifyCosts({1: [1.0, 1.3, 1.6]}), max_depth=2, probe_every=2)
-    policy.choose(1)
     feed(policy, 1, 2, [0])
     for _ in range(10):
         depth = policy.choose(1)
@@ -182,7 +189,7 @@ def test_auto_on_a_real_cost_curve_stays_lossless(target):
     plain = generate_plain(target, PROMPTS, GREEDY, 24)
     policy = LoadAwareDepth(costs, max_depth=3)
     results = generate_speculative(
-        target, make_drafter("self", target, 3), PROMPTS, GREEDY, 24, batch_size=2, policy=policy
+        target, make_drafter("ngram", target, 3), PROMPTS, GREEDY, 24, batch_size=2, policy=policy
     )
     assert_identical(results, plain)
     pairs = [results[i : i + 2] for i in range(0, len(results), 2)]  # one choice per cycle of a batch
