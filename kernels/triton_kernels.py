@@ -107,14 +107,15 @@ def _chain_sampled_kernel(
         u = tl.load(coins + b * K + j)
         alive = alive * (u * qx < px).to(tl.int32)
         num += alive
-    has_q = num < K  # after a rejection: residual (p - q)+; after a full chain: p itself (bonus)
+    # after a rejection: residual (p - q)+; after a full chain: p itself (bonus), so q counts 0 there
+    q_scale = (num < K).to(tl.float32)
     p_row = p + b * ps_b + num * ps_k
     q_row = q + b * qs_b + tl.minimum(num, K - 1) * qs_k
     total = 0.0
     for v0 in range(0, V, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
         m = offs < V
-        w = tl.load(p_row + offs, mask=m, other=0.0) - tl.load(q_row + offs, mask=m & has_q, other=0.0)
+        w = tl.load(p_row + offs, mask=m, other=0.0) - q_scale * tl.load(q_row + offs, mask=m, other=0.0)
         total += tl.sum(tl.maximum(w, 0.0), axis=0)
     threshold = tl.load(draws + b) * total
     running = 0.0
@@ -122,7 +123,7 @@ def _chain_sampled_kernel(
     for v0 in range(0, V, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
         m = offs < V
-        w = tl.load(p_row + offs, mask=m, other=0.0) - tl.load(q_row + offs, mask=m & has_q, other=0.0)
+        w = tl.load(p_row + offs, mask=m, other=0.0) - q_scale * tl.load(q_row + offs, mask=m, other=0.0)
         w = tl.maximum(w, 0.0)
         cum = tl.cumsum(w, axis=0) + running
         found = tl.minimum(found, tl.min(tl.where((cum > threshold) & m, offs, V), axis=0))
@@ -186,7 +187,7 @@ def _tree_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32))
         m_i = m_new
-    result = acc / l_i[:, None]
+    result = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # padding rows (t >= T) have no keys; not stored
     tl.store(out + b * os_b + hq * os_h + t[:, None] * os_t + d[None, :], result.to(out.dtype.element_ty),
              mask=tm[:, None] & dm[None, :])  # fmt: skip
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith import kernels
+
 
 class KVCache:
     def __init__(
@@ -78,11 +80,10 @@ class KVCache:
         instead of running the target again. Rows that keep fewer slots pad `keep` with any slot id and
         pass keep_valid [B, n] False there: those slots become holes."""
         n = keep.shape[1]
-        idx = keep[:, None, :, None]  # [B, 1, n, 1]
         for cache in (self.keys, self.values):
             for t in cache:
-                gathered = t.gather(2, idx.expand(-1, t.shape[1], -1, t.shape[3]))  # [B, Hkv, n, D]
-                t[:, :, start : start + n] = gathered
+                # [B, Hkv, C, D]: slots keep[b] -> start..start+n-1 (Triton on CUDA, torch elsewhere)
+                kernels.kv_compact(t, start, keep)
         kept_valid = self.valid.gather(1, keep)
         if keep_valid is not None:
             kept_valid &= keep_valid

@@ -92,7 +92,7 @@ def triton_mode(monkeypatch):
 
 @pytest.mark.parametrize(("batch", "k", "vocab", "seed"), [(1, 1, 7, 0), (4, 3, 37, 1), (3, 5, 2500, 2)])
 def test_chain_kernel_equals_reference(triton_mode, batch, k, vocab, seed):
-    case = chain_case(batch, k, vocab, seed)
+    case = chain_case(batch, k, vocab, seed, agree=0.3)
     got = kernels.chain_accept(*case)
     want = chain_accept_ref(*case)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
