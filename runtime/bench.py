@@ -123,11 +123,11 @@ def quantiles(values: list[float]) -> dict:
 
 
 def summarize(name: str, runs: list[GroupRun], plain: list[GroupRun], params, batch: int, convs) -> dict:
-    tokens = sum(len(r[1]) for r in requests(runs))
+    reqs, plain_reqs = requests(runs), requests(plain)
+    tokens = sum(len(r[1]) for r in reqs)
     wall = sum(r.wall_s for r in runs)
-    plain_rate = sum(len(r[1]) for r in requests(plain)) / sum(r.wall_s for r in plain)
+    plain_rate = sum(len(r[1]) for r in plain_reqs) / sum(r.wall_s for r in plain)
     rate = tokens / wall
-    reqs = requests(runs)
     ttft = [r[3] for r in reqs if r[3] is not None]
     tpot = [(r[2] - r[3]) / (len(r[1]) - 1) for r in reqs if r[3] is not None and len(r[1]) > 1]
     row = {
@@ -157,7 +157,7 @@ def summarize(name: str, runs: list[GroupRun], plain: list[GroupRun], params, ba
     }
     row.update(spec_fields(runs, tokens, row["speedup_vs_plain"]))
     if params.greedy:
-        row.update(greedy_fields(reqs, requests(plain)))
+        row.update(greedy_fields(reqs, plain_reqs))
     return row
 
 
