@@ -214,12 +214,14 @@ def _speedup_plot(plt, out: Path, rows: list[dict]) -> str:
     return _save(plt, fig, out / "speedup_vs_batch.png")
 
 
+def _smallest_batch_rows(rows: list[dict], key: str) -> list[dict]:
+    """Rows at the smallest batch size that carry `key` (per-position plots compare drafters there)."""
+    smallest = min(r["batch_size"] for r in rows)
+    return [r for r in rows if r.get(key) and r["batch_size"] == smallest]
+
+
 def _acceptance_plot(plt, out: Path, rows: list[dict]) -> str | None:
-    spec = [
-        r
-        for r in rows
-        if r.get("accept_rate_per_position") and r["batch_size"] == min(x["batch_size"] for x in rows)
-    ]
+    spec = _smallest_batch_rows(rows, "accept_rate_per_position")
     if not spec:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -234,11 +236,7 @@ def _acceptance_plot(plt, out: Path, rows: list[dict]) -> str | None:
 
 
 def _lengths_plot(plt, out: Path, rows: list[dict]) -> str | None:
-    spec = [
-        r
-        for r in rows
-        if r.get("accepted_length_counts") and r["batch_size"] == min(x["batch_size"] for x in rows)
-    ]
+    spec = _smallest_batch_rows(rows, "accepted_length_counts")
     if not spec:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
