@@ -5,6 +5,8 @@
     out = kernels.tree_attention(q, k, v, mask, scale)             # tree-verification attention (GQA)
     num, nxt = kernels.chain_accept_greedy(logits, tokens)         # chain verification at temperature 0
     num, nxt = kernels.chain_accept(p, q, tokens, coins, draws)    # exact chain rejection sampling
+    path, num, nxt = kernels.tree_accept_greedy(parents, tokens, logits)          # any tree, T = 0
+    path, num, nxt = kernels.tree_accept(parents, tokens, p, q, coins, draws)     # any tree, exact, T > 0
 
 Which implementation runs: `DRAFTSMITH_KERNELS` = `auto` (default: Triton on CUDA when Triton imports,
 the torch references elsewhere), `triton` (force the kernels: on CUDA, or on CPU under Triton's
@@ -25,6 +27,8 @@ from draftsmith.kernels.reference import (
     chain_accept_greedy_ref,
     chain_accept_ref,
     kv_compact_ref,
+    tree_accept_greedy_ref,
+    tree_accept_ref,
     tree_attention_ref,
 )
 
@@ -119,6 +123,52 @@ def chain_accept(
         raise ValueError(f"coins {tuple(coins.shape)} / draws {tuple(draws.shape)}: expected [B, K] / [B]")
     impl = _impl().chain_accept if use_triton(device) else chain_accept_ref
     return impl(target_probs, draft_probs, tokens, coins, draws)
+
+
+def _check_tree(parents: torch.Tensor, tokens: torch.Tensor, per_node: torch.Tensor, name: str) -> None:
+    device = per_node.device
+    _check(name, per_node, 3, FLOATS if name == "logits" else (torch.float32,), device)
+    _check("parents", parents, 2, INTS, device)
+    _check("tokens", tokens, 2, INTS, device)
+    if parents.shape != per_node.shape[:2] or tokens.shape != per_node.shape[:2]:
+        raise ValueError(
+            f"parents {tuple(parents.shape)} / tokens {tuple(tokens.shape)}: expected "
+            f"{tuple(per_node.shape[:2])} like {name} {tuple(per_node.shape)}"
+        )
+
+
+def tree_accept_greedy(
+    parents: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """parents/tokens [B, N] (node ids topological, parent -1 = root or padding), logits [B, N, V]
+    -> (path [B, N] accepted node ids then -1, count [B], next token [B])."""
+    _check_tree(parents, tokens, logits, "logits")
+    impl = _impl().tree_accept_greedy if use_triton(logits.device) else tree_accept_greedy_ref
+    return impl(parents, tokens, logits)
+
+
+def tree_accept(
+    parents: torch.Tensor,
+    tokens: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    coins: torch.Tensor,
+    draws: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """p [B, N, V], q [B, N, V] or None (point masses), coins [B, N], draws [B] (float32 uniforms)
+    -> (path [B, N], count [B], next token [B]); see reference.tree_accept_ref for the rule."""
+    device = target_probs.device
+    _check_tree(parents, tokens, target_probs, "target_probs")
+    if draft_probs is not None:
+        _check("draft_probs", draft_probs, 3, (torch.float32,), device)
+        if draft_probs.shape != target_probs.shape:
+            raise ValueError(f"draft_probs {tuple(draft_probs.shape)}: expected {tuple(target_probs.shape)}")
+    _check("coins", coins, 2, (torch.float32,), device)
+    _check("draws", draws, 1, (torch.float32,), device)
+    if coins.shape != tokens.shape or draws.shape != tokens.shape[:1]:
+        raise ValueError(f"coins {tuple(coins.shape)} / draws {tuple(draws.shape)}: expected [B, N] / [B]")
+    impl = _impl().tree_accept if use_triton(device) else tree_accept_ref
+    return impl(parents, tokens, target_probs, draft_probs, coins, draws)
 
 
 def tree_attention(

@@ -5,6 +5,8 @@ host synchronization (everything stays a tensor on the input's device). Only tor
     out = tree_attention_ref(q, k, v, mask, scale)                 # verification attention, GQA
     num, nxt = chain_accept_greedy_ref(logits, tokens)             # temperature 0
     num, nxt = chain_accept_ref(target_probs, draft_probs, tokens, coins, draws)   # temperature > 0
+    path, num, nxt = tree_accept_greedy_ref(parents, tokens, logits)                # any tree, T = 0
+    path, num, nxt = tree_accept_ref(parents, tokens, target_probs, draft_probs, coins, draws)  # T > 0
 
 Chain acceptance is the Leviathan et al. (2023) / Chen et al. (2023) rule, row by row: drafted token j
 (x_j drawn from q_j) is accepted when coins[j] * q_j(x_j) < p_j(x_j) (i.e. u < p/q, so with probability
@@ -12,6 +14,15 @@ min(1, p/q)); the first rejection at j emits a draw from norm((p_j - q_j)+), and
 emits the bonus draw from p_K. Draws are inverse-CDF with one uniform per row: the first index whose
 running sum exceeds u * total. The runtime's general tree rule (runtime/acceptance.py) with
 `coin = lambda prob: u_j < prob` and the same inverse-CDF draw gives the same tokens (a test checks).
+
+Tree acceptance is SpecInfer's multi-step rule (Miao et al. 2024; runtime/acceptance.py states it): walk
+from the root; at the current node try its children in id order against the residual r (= p at the node,
+kept unnormalized as w with total S): child c with token x is accepted when coins[c] * q_c(x) * S < w(x)
+(u < r(x) / q_c(x)); a rejection sets w <- (w - S * q_c)+ (a point-mass child, draft_probs None, just
+zeroes w(x)); when the node's children are exhausted, emit the inverse-CDF draw from w. Node ids are
+topological (parents[c] < c), so one pass over c = 1..N-1 visits exactly the children the walk tries,
+in order. Padding nodes have parent -1 and placeholder tokens (outside [0, V)) are skipped, as the
+runtime skips them.
 """
 
 from __future__ import annotations
@@ -77,3 +88,60 @@ def tree_attention_ref(
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def tree_accept_greedy_ref(
+    parents: torch.Tensor,  # [B, N] parent node id, -1 for the root and for padding nodes
+    tokens: torch.Tensor,  # [B, N] token per node (tokens[:, 0] = the root, unused)
+    logits: torch.Tensor,  # [B, N, V] the target's after each node
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (path [B, N] accepted node ids in order, -1 after them; count [B]; next token [B]): accept the
+    first child (in id order) whose token is the argmax at its parent, then emit the argmax there."""
+    best = logits.argmax(dim=-1)  # [B, N]; first index on ties
+    batch, nodes = tokens.shape
+    rows = torch.arange(batch, device=tokens.device)
+    node = torch.zeros(batch, dtype=torch.long, device=tokens.device)
+    num = torch.zeros_like(node)
+    path = torch.full((batch, nodes), -1, dtype=torch.long, device=tokens.device)
+    for c in range(1, nodes):
+        take = (parents[:, c] == node) & (tokens[:, c] == best[rows, node])  # [B]
+        path[rows, num] = torch.where(take, c, path[rows, num])
+        num, node = num + take.long(), torch.where(take, c, node)
+    return path, num, best[rows, node]
+
+
+def tree_accept_ref(
+    parents: torch.Tensor,  # [B, N] parent node id, -1 for the root and for padding nodes
+    tokens: torch.Tensor,  # [B, N] token per node; outside [0, V) = a placeholder, never accepted
+    target_probs: torch.Tensor,  # [B, N, V] p after each node
+    draft_probs: torch.Tensor | None,  # [B, N, V] q_c each node was drawn from; None = point masses
+    coins: torch.Tensor,  # [B, N] uniforms: coins[:, c] tests node c (coins[:, 0] unused)
+    draws: torch.Tensor,  # [B] uniforms: the recovered or bonus token
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (path [B, N] accepted node ids, -1 after them; count [B]; next token [B])."""
+    batch, nodes, vocab = target_probs.shape
+    rows = torch.arange(batch, device=tokens.device)
+    node = torch.zeros(batch, dtype=torch.long, device=tokens.device)
+    num = torch.zeros_like(node)
+    path = torch.full((batch, nodes), -1, dtype=torch.long, device=tokens.device)
+    w = target_probs[:, 0].clone()  # [B, V] residual, unnormalized
+    total = w.sum(dim=-1)  # [B]
+    for c in range(1, nodes):
+        x = tokens[:, c]
+        tried = (parents[:, c] == node) & (x >= 0) & (x < vocab)  # [B] the walk tests node c
+        x = x.clamp(0, vocab - 1)[:, None]  # [B, 1]
+        w_x = w.gather(1, x).squeeze(1)  # [B]
+        q_x = torch.ones_like(w_x) if draft_probs is None else draft_probs[:, c].gather(1, x).squeeze(1)
+        take = tried & (q_x > 0) & (coins[:, c] * q_x * total < w_x)
+        reject = tried & ~take
+        if draft_probs is None:
+            new_w, new_total = w.scatter(1, x, 0.0), total - w_x
+        else:
+            new_w = (w - total[:, None] * draft_probs[:, c]).clamp(min=0)
+            new_total = new_w.sum(dim=-1)
+        reject &= new_total > 0  # r <= q everywhere only by rounding: keep r (acceptance.py)
+        w = torch.where(take[:, None], target_probs[:, c], torch.where(reject[:, None], new_w, w))
+        total = torch.where(take, target_probs[:, c].sum(dim=-1), torch.where(reject, new_total, total))
+        path[rows, num] = torch.where(take, c, path[rows, num])
+        num, node = num + take.long(), torch.where(take, c, node)
+    return path, num, inverse_cdf(w, draws)
