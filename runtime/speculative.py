@@ -10,7 +10,8 @@ One cycle (ARCHITECTURE.md section 7), for all running rows of a batch at once:
   2. verify   one target forward over every row's tree: trees are padded to the same node count, each
               node sees the committed context, its ancestors and itself (tree mask) at position
               root position + depth;
-  3. accept   greedy or exact rejection sampling per row (acceptance.py) -> accepted path + one token;
+  3. accept   greedy or exact rejection sampling (acceptance.py's rule, batched through draftsmith.kernels
+              by batch_accept.py) -> per row an accepted path + one token;
   4. commit   the target cache keeps the root and the accepted path's slots (KVCache.compact, no
               recompute), the drafter rolls back to the same path, tokens are emitted one by one and a
               row stops at EOS or at its token budget exactly where plain decoding would.
@@ -25,18 +26,13 @@ import time
 
 import torch
 
-from draftsmith.runtime.acceptance import (
-    Verdict,
-    accept_greedy,
-    accept_sampled,
-    generator_coin,
-    generator_draw,
-)
+from draftsmith.runtime.acceptance import Verdict
+from draftsmith.runtime.batch_accept import accept_batch
 from draftsmith.runtime.drafting import Draft, Drafter, root_only
 from draftsmith.runtime.engine import GenerationResult, batches, prefill_features, stop_reason, token_budgets
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.load_aware import LoadAwareDepth
-from draftsmith.runtime.sampling import SamplingParams, logits_to_probs, make_generators, next_tokens
+from draftsmith.runtime.sampling import SamplingParams, make_generators, next_tokens
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import ancestor_mask, chain
 
@@ -154,7 +150,7 @@ def verify(
     at the root and the accepted nodes [1 + accepted, A*H] (empty list without capture layers)."""
     start = cache.length
     logits, fused = tree_logits(target, cache, drafts, contexts, capture_layers)  # [B, N, V], [B, N, A*H]
-    verdicts = [accept(d, logits[b, : d.tree.size], params, generators, b) for b, d in enumerate(drafts)]
+    verdicts = accept_batch(drafts, logits, params, generators)
     keep_len = max(len(v.accepted) for v in verdicts) + 1
     keep = torch.full((len(drafts), keep_len), start, dtype=torch.long)
     keep_valid = torch.zeros(len(drafts), keep_len, dtype=torch.bool)
@@ -209,19 +205,3 @@ def tree_logits(
     )
     fused = torch.cat([out.aux[i] for i in capture_layers], dim=-1) if capture_layers else None
     return target.logits(out.hidden), fused
-
-
-def accept(
-    draft: Draft,
-    logits: torch.Tensor,
-    params: SamplingParams,
-    generators: list[torch.Generator] | None,
-    row: int,
-) -> Verdict:
-    """The acceptance rule for one row: logits [N, V] are the target's after each node."""
-    parents, tokens = draft.tree.parents, draft.tokens
-    if params.greedy:
-        return accept_greedy(parents, tokens, logits)
-    probs = logits_to_probs(logits, params)  # [N, V], processed exactly as plain sampling
-    g = generators[row]
-    return accept_sampled(parents, tokens, probs, draft.draft_probs, generator_coin(g), generator_draw(g))

@@ -204,6 +204,20 @@ class Target:
         cache.reserve(new, token_valid)
         valid = cache.valid[:, : cache.length + new]  # [B, S]
         mask = None if is_plain_causal(valid, new, tree_mask) else attention_mask(valid, new, tree_mask)
+        hidden, aux = self.run_layers(input_ids, position_ids, mask, cache, num_layers, capture_layers)
+        cache.commit()
+        return TargetOutput(hidden=hidden, aux=aux)
+
+    def run_layers(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        position_ids: torch.Tensor,  # [B, T]
+        mask: torch.Tensor | None,  # [B, 1, T, S] bool, or None for SDPA's own causal mask
+        cache,  # writes K/V through cache.update (KVCache, or StaticKVCache for the graphed path)
+        num_layers: int,
+        capture_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Embedding, rotary and the first `num_layers` decoder layers -> (hidden [B, T, H], aux)."""
         hidden = self.embed(input_ids)
         rope = self.decoder.rotary_emb(hidden, position_ids=position_ids)
         aux = {}
@@ -219,5 +233,4 @@ class Target:
                 hidden = hidden[0]
             if i in capture_layers:
                 aux[i] = hidden
-        cache.commit()
-        return TargetOutput(hidden=hidden, aux=aux)
+        return hidden, aux

@@ -16,7 +16,7 @@ from engine_checks import assert_identical, chi_square, exact_law, make_prompts
 from scipy.stats import chi2
 from tiny_models import tiny_model, tiny_tokenizer
 
-from draftsmith.runtime import speculative
+from draftsmith.runtime import batch_accept
 from draftsmith.runtime.drafting import Draft, Drafter, build_drafter
 from draftsmith.runtime.engine import generate_plain, prefill
 from draftsmith.runtime.errors import BadInputError
@@ -306,12 +306,13 @@ def test_sampling_law_of_first_tokens_is_the_targets(target, law, mode):
 
 
 def test_always_accept_negative_control_fails(target, law, monkeypatch):
-    real = speculative.accept_sampled
+    real = batch_accept.uniforms
 
-    def always_accept(parents, tokens, probs, draft_probs, coin, draw):
-        return real(parents, tokens, probs, draft_probs, lambda prob: True, draw)
+    def always_accept(*args):  # coins of -1: u * q < p holds for every drafted token, even where p = 0
+        coins, draws = real(*args)
+        return torch.full_like(coins, -1.0), draws
 
-    monkeypatch.setattr(speculative, "accept_sampled", always_accept)
+    monkeypatch.setattr(batch_accept, "uniforms", always_accept)
     counts = sample_first_tokens(target, DRAFT_MODES["chain sampled from q"](target), 3000)
     stat, threshold = chi_square(counts, law, 3000)
     assert stat > threshold, f"the law test did not notice always-accept (chi2 {stat:.1f})"

@@ -1,0 +1,182 @@
+"""The GPU engine path's target forward: a static (preallocated) KV cache written through device-side
+slot ids, a mask over the whole capacity, and one CUDA graph per (batch, nodes) shape.
+
+    cache = StaticKVCache.for_target(target, batch=4, capacity=2048)
+    forward = GraphedForward(target, cache)                  # graphs on CUDA, the same code eagerly on CPU
+    logits, aux = forward(ids, positions, token_valid, tree_mask)   # writes slots cache.length..+T
+    cache.advance(ids.shape[1])
+
+Why: `Target.forward` slices the cache with Python ints and builds its mask over the used length, so
+every step has new shapes and a launch per op; at batch 1 on an H100 a small model's decode step is
+dominated by those launches, not by reading weights. Here nothing inside the forward depends on a host
+value: the write position is a slot tensor, the mask covers all C slots (gpt-fast's static cache; keys
+past the end are masked), so the step is captured once per shape and replayed (torch.cuda.CUDAGraph).
+
+The mask equals runtime/masks.py's `attention_mask` for tokens written at slots start..start+T-1: a
+token sees the valid prefix slots before start, the tree block (`tree_mask` [B, T, T], causal for plain
+steps) restricted to valid slots, and always its own slot. Rows of a graphed batch never leave it (the
+engines keep finished rows stepping and ignore their outputs), so buffer addresses stay fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.runtime.kv_cache import KVCache
+from draftsmith.runtime.target import Target
+
+
+class StaticKVCache(KVCache):
+    """A KVCache whose forward writes go to `self.slots` (a device tensor [T]) with index_copy_, and whose
+    capacity never grows. Compaction, cropping and `keep_prefixes` work in place, as in KVCache."""
+
+    @classmethod
+    def for_target(cls, target: Target, batch: int, capacity: int) -> StaticKVCache:
+        cfg = target.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(
+            target.num_layers, batch, cfg.num_key_value_heads, head_dim, capacity, target.dtype, target.device
+        )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slots = torch.zeros(0, dtype=torch.long, device=self.valid.device)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key/value [B, Hkv, T, D] -> slots `self.slots`; returns the whole buffers [B, Hkv, C, D]."""
+        self.keys[layer_idx].index_copy_(2, self.slots, key_states)
+        self.values[layer_idx].index_copy_(2, self.slots, value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def advance(self, tokens: int) -> None:
+        """The forward wrote `tokens` slots from `length` on: they are now part of the cache."""
+        if self.length + tokens > self.capacity:
+            raise ValueError(f"static cache full: {self.length} + {tokens} > capacity {self.capacity}")
+        self.length += tokens
+
+    def _grow(self, capacity: int) -> None:
+        raise ValueError(f"static cache full: {capacity} slots needed, capacity {self.capacity}")
+
+
+def slot_mask(valid: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+    """valid [B, C] bool (already marking the new tokens), slots [T] = start..start+T-1, tree_mask
+    [B, T, T] bool -> [B, 1, T, C] True = may attend. Device ops only (capturable)."""
+    batch, capacity = valid.shape
+    nodes = slots.shape[0]
+    s = torch.arange(capacity, device=valid.device)  # [C]
+    rel = s - slots[0]  # [C] slot position relative to the first new token
+    in_block = (rel >= 0) & (rel < nodes)
+    block = tree_mask.gather(2, rel.clamp(0, nodes - 1).expand(batch, nodes, capacity))  # [B, T, C]
+    seen = torch.where(in_block, block, rel < 0) & valid[:, None, :]
+    own = s[None, :] == slots[:, None]  # [T, C]: every token sees its own slot
+    return (seen | own)[:, None]
+
+
+def static_forward(
+    target: Target,
+    cache: StaticKVCache,
+    input_ids: torch.Tensor,  # [B, T]
+    position_ids: torch.Tensor,  # [B, T]
+    token_valid: torch.Tensor,  # [B, T] bool
+    slots: torch.Tensor,  # [T] long: start..start+T-1
+    tree_mask: torch.Tensor,  # [B, T, T] bool
+    capture_layers: tuple[int, ...] = (),
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One target forward with no host values inside -> (logits [B, T, V] float32, aux per capture layer)."""
+    cache.valid.index_copy_(1, slots, token_valid)
+    cache.slots = slots
+    mask = slot_mask(cache.valid, slots, tree_mask)
+    hidden, aux = target.run_layers(input_ids, position_ids, mask, cache, target.num_layers, capture_layers)
+    return target.logits(hidden), [aux[i] for i in capture_layers]
+
+
+@dataclass
+class _Shape:
+    """Static input buffers, outputs, and (on CUDA) the captured graph for one (batch, nodes) shape."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+    slots: torch.Tensor
+    tree_mask: torch.Tensor
+    logits: torch.Tensor | None = None
+    aux: list[torch.Tensor] | None = None
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+class GraphedForward:
+    """`static_forward` behind static buffers: captured as a CUDA graph per (batch, nodes) shape on its
+    first call when `graphs` (default: on CUDA), run eagerly otherwise (CPU tests run this same path)."""
+
+    def __init__(
+        self,
+        target: Target,
+        cache: StaticKVCache,
+        capture_layers: tuple[int, ...] = (),
+        graphs: bool | None = None,
+    ):
+        self.target, self.cache, self.capture_layers = target, cache, capture_layers
+        self.graphs = target.device.type == "cuda" if graphs is None else graphs
+        self.shapes: dict[tuple[int, int], _Shape] = {}
+        self.pool = None  # one memory pool shared by every captured shape
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        token_valid: torch.Tensor,
+        tree_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Write the T tokens at slots cache.length.. and return (logits [B, T, V], aux). The returned
+        tensors are the shape's output buffers: the next call of the same shape overwrites them."""
+        batch, nodes = input_ids.shape
+        shape = self.shapes.get((batch, nodes)) or self._new_shape(batch, nodes)
+        start = self.cache.length
+        shape.ids.copy_(input_ids)
+        shape.positions.copy_(position_ids)
+        shape.valid.copy_(token_valid)
+        shape.slots.copy_(torch.arange(start, start + nodes))
+        shape.tree_mask.copy_(tree_mask)
+        if not self.graphs:
+            shape.logits, shape.aux = self._body(shape)
+        else:
+            if shape.graph is None:
+                self._capture(shape)
+            shape.graph.replay()
+        return shape.logits, shape.aux
+
+    def _new_shape(self, batch: int, nodes: int) -> _Shape:
+        device = self.target.device
+        shape = _Shape(
+            ids=torch.zeros(batch, nodes, dtype=torch.long, device=device),
+            positions=torch.zeros(batch, nodes, dtype=torch.long, device=device),
+            valid=torch.zeros(batch, nodes, dtype=torch.bool, device=device),
+            slots=torch.zeros(nodes, dtype=torch.long, device=device),
+            tree_mask=torch.zeros(batch, nodes, nodes, dtype=torch.bool, device=device),
+        )
+        self.shapes[(batch, nodes)] = shape
+        return shape
+
+    def _body(self, shape: _Shape) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return static_forward(
+            self.target, self.cache, shape.ids, shape.positions, shape.valid, shape.slots, shape.tree_mask,
+            self.capture_layers,
+        )  # fmt: skip
+
+    def _capture(self, shape: _Shape) -> None:
+        """Warm up on a side stream (cuBLAS/Triton choose their kernels), then capture. Both runs write
+        the same K/V to the same slots from the same inputs, so they change nothing the replay won't."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._body(shape)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            shape.logits, shape.aux = self._body(shape)
+        self.pool = graph.pool()
+        shape.graph = graph
