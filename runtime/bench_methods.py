@@ -13,6 +13,8 @@ Method specs:
     hf-assisted:MODEL     `generate(assistant_model=MODEL)`: transformers' assisted generation
     vllm                  vLLM's engine (runtime/vllm_method.py), in its own process
     vllm-eagle3:DIR[@chain:K]  vLLM's EAGLE-3 speculative decoding with a head (K = 2 by default)
+    plain+graphs, DRAFT@TREE+graphs   draftsmith's GPU engine path: static KV cache, CUDA graphs for the
+                          target's forwards (runtime/static_forward.py; eager on a CPU)
 transformers' assisted and prompt-lookup generation decode one sequence at a time (its `generate()` raises
 for batch > 1), so those rows exist at batch size 1 only; `supports_batch` says so before anything runs.
 """
@@ -31,7 +33,16 @@ from draftsmith.runtime.tree import parse_tree_spec
 
 log = logging.getLogger("draftsmith")
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
-BASELINES = ("plain", "hf", "hf-prompt-lookup", "hf-assisted:MODEL", "vllm", "vllm-eagle3:DIR")
+BASELINES = (
+    "plain",
+    "plain+graphs",
+    "hf",
+    "hf-prompt-lookup",
+    "hf-assisted:MODEL",
+    "vllm",
+    "vllm-eagle3:DIR",
+)
+GRAPHS = "+graphs"  # suffix: the same method on the static / CUDA-graph engine path
 
 
 class Method:
@@ -58,8 +69,17 @@ class DraftsmithMethod(Method):
     """`plain` or `DRAFT@TREE` on draftsmith's engine; one drafter (and one load-aware policy per batch
     size, which keeps learning acceptance across requests as a server would)."""
 
-    def __init__(self, spec: str, target, batch_sizes: list[int], drafter=None, max_depth: int | None = None):
+    def __init__(
+        self,
+        spec: str,
+        target,
+        batch_sizes: list[int],
+        drafter=None,
+        max_depth: int | None = None,
+        static: bool = False,
+    ):
         self.name, self.target, self.drafter, self.max_depth = spec, target, drafter, max_depth
+        self.static = static
         self.policies: dict[int, object] = {}
         if max_depth is not None:
             self.costs = verify_costs(target, batch_sizes, max_depth + 1)
@@ -84,10 +104,12 @@ class DraftsmithMethod(Method):
 
         run = (max_new_tokens, seed, len(prompts))
         if self.drafter is None:
-            results = generate_plain(self.target, prompts, params, *run)
+            results = generate_plain(self.target, prompts, params, *run, static=self.static)
         else:
             policy = self.policy(len(prompts))
-            results = generate_speculative(self.target, self.drafter, prompts, params, *run, policy=policy)
+            results = generate_speculative(
+                self.target, self.drafter, prompts, params, *run, policy=policy, static=self.static
+            )
         spec = None
         if self.drafter is not None:
             spec = SpecCounters()
@@ -164,6 +186,14 @@ class HfMethod(Method):
 
 def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int = 2048) -> Method:
     """A method spec (module docstring) -> a ready method (heads loaded, costs measured)."""
+    if spec.endswith(GRAPHS):
+        base = spec.removesuffix(GRAPHS)
+        if base == "plain":
+            return DraftsmithMethod(spec, target, batch_sizes, static=True)
+        draft, at, tree = base.partition("@")
+        if not at or not draft or draft.startswith(("hf", "vllm", "plain", "none")):
+            raise BadInputError("method", spec, f"plain{GRAPHS} or DRAFT@TREE{GRAPHS} (draftsmith's engine)")
+        return build_draft_method(spec, draft, tree, target, batch_sizes, static=True)
     if spec == "plain":
         return DraftsmithMethod(spec, target, batch_sizes)
     if spec in ("hf", "hf-prompt-lookup"):
@@ -189,7 +219,9 @@ def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int =
     return build_draft_method(spec, draft, tree, target, batch_sizes)
 
 
-def build_draft_method(spec: str, draft: str, tree: str, target, batch_sizes: list[int]) -> Method:
+def build_draft_method(
+    spec: str, draft: str, tree: str, target, batch_sizes: list[int], static: bool = False
+) -> Method:
     from draftsmith.runtime.drafting import build_drafter
     from draftsmith.runtime.load_aware import parse_auto
     from draftsmith.runtime.tree import chain
@@ -198,4 +230,4 @@ def build_draft_method(spec: str, draft: str, tree: str, target, batch_sizes: li
     drafter = build_drafter(draft, target, chain(depth) if depth else parse_tree_spec(tree))
     if drafter is None:
         raise BadInputError("--draft", draft, "a draft (plain decoding is the `plain` baseline)")
-    return DraftsmithMethod(spec, target, batch_sizes, drafter=drafter, max_depth=depth)
+    return DraftsmithMethod(spec, target, batch_sizes, drafter=drafter, max_depth=depth, static=static)

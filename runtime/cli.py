@@ -79,6 +79,12 @@ def add_generate(sub) -> None:
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", help="file: one prompt per line, or JSONL with a 'prompt' field")
     p.add_argument("--json", action="store_true", help="print JSON Lines instead of text")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="the GPU engine path: a preallocated KV cache and one CUDA graph per (batch, tokens) shape for "
+        "the target's forwards (on a CPU the same static path runs without graphs)",
+    )
     p.set_defaults(run=run_generate)
 
 
@@ -110,11 +116,12 @@ def run_generate(args: argparse.Namespace) -> None:
         policy = LoadAwareDepth(costs, auto_depth, step_cost=drafter.step_cost)
     start = time.perf_counter()
     run = (args.max_new_tokens, args.seed, args.batch_size)
+    static = args.cuda_graphs
     if drafter is None:
-        results = generate_plain(target, prompt_ids, params, *run, progress=not args.json)
+        results = generate_plain(target, prompt_ids, params, *run, progress=not args.json, static=static)
     else:
         results = generate_speculative(
-            target, drafter, prompt_ids, params, *run, progress=not args.json, policy=policy
+            target, drafter, prompt_ids, params, *run, progress=not args.json, policy=policy, static=static
         )
         if policy is not None:
             logging.getLogger("draftsmith").info(

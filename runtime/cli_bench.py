@@ -8,7 +8,15 @@ import shlex
 from draftsmith.runtime.cli_args import Formatter, add_target_args, int_arg
 from draftsmith.runtime.errors import BadInputError
 
-BASELINE_KINDS = ("plain", "hf", "hf-prompt-lookup", "hf-assisted:MODEL", "vllm", "vllm-eagle3:DIR[@chain:K]")
+BASELINE_KINDS = (
+    "plain",
+    "plain+graphs",
+    "hf",
+    "hf-prompt-lookup",
+    "hf-assisted:MODEL",
+    "vllm",
+    "vllm-eagle3:DIR[@chain:K]",
+)
 
 
 def number_list(name: str, kind):
@@ -28,7 +36,7 @@ def number_list(name: str, kind):
 
 def check_baselines(names: list[str]) -> list[str]:
     for name in names:
-        ok = name in ("plain", "hf", "hf-prompt-lookup", "vllm") or (
+        ok = name in ("plain", "plain+graphs", "hf", "hf-prompt-lookup", "vllm") or (
             name.partition(":")[0] in ("hf-assisted", "vllm-eagle3") and name.partition(":")[2]
         )
         if not ok:
@@ -59,12 +67,18 @@ def add_bench(sub) -> None:
             "      --prompts sharegpt --temperatures 0,1 --batch-sizes 1,4,16\n"
             "  draftsmith bench --draft 'self:layers=20@chain:2' --prompts mtbench:question.jsonl \\\n"
             "      --categories coding,math --baselines plain,hf,vllm\n"
-            "  draftsmith bench --draft eagle3:HEAD --baselines plain,vllm,vllm-eagle3:HEAD@chain:2"
+            "  draftsmith bench --draft eagle3:HEAD --baselines plain,vllm,vllm-eagle3:HEAD@chain:2\n"
+            "  draftsmith bench --device cuda --baselines plain,plain+graphs \\\n"
+            "      --draft 'eagle3:HEAD@chain:3+graphs'\n\n"
+            "A +graphs suffix runs plain or DRAFT@TREE on the GPU engine path (static KV cache, CUDA graphs)."
         ),
     )
     add_target_args(p)
     p.add_argument(
-        "--draft", action="append", default=[], help="a draft spec (repeatable); DRAFT@TREE keeps its tree"
+        "--draft",
+        action="append",
+        default=[],
+        help="a draft spec (repeatable); DRAFT@TREE keeps its tree, DRAFT@TREE+graphs runs it on CUDA graphs",
     )
     p.add_argument(
         "--tree",

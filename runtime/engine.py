@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.sampling import SamplingParams, make_generators, next_tokens
+from draftsmith.runtime.static_forward import GraphedForward, StaticKVCache, static_forward
 from draftsmith.runtime.target import Target
 
 
@@ -103,12 +104,15 @@ def generate_plain(
     seed: int = 0,
     batch_size: int = 1,
     progress: bool = False,
+    static: bool = False,
 ) -> list[GenerationResult]:
-    """Decode every prompt (token ids); rows are grouped into batches of `batch_size` in order."""
+    """Decode every prompt (token ids); rows are grouped into batches of `batch_size` in order. `static`
+    runs the target on a preallocated cache with CUDA graphs (runtime/static_forward.py)."""
     results: list[GenerationResult] = []
     for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, "generate"):
         generators = None if params.greedy else make_generators(seed, rows, target.device)
-        results += decode_batch(target, [prompts[r] for r in rows], params, max_new_tokens, generators)
+        batch = [prompts[r] for r in rows]
+        results += decode_batch(target, batch, params, max_new_tokens, generators, static)
     return results
 
 
@@ -119,10 +123,15 @@ def prefill(target: Target, prompts: list[list[int]], extra: int) -> tuple[KVCac
 
 
 def prefill_features(
-    target: Target, prompts: list[list[int]], extra: int, capture_layers: tuple[int, ...]
+    target: Target,
+    prompts: list[list[int]],
+    extra: int,
+    capture_layers: tuple[int, ...],
+    static: bool = False,
 ) -> tuple[KVCache, torch.Tensor, list[torch.Tensor]]:
     """`prefill`, plus each row's hidden states after `capture_layers`, concatenated in that order and
-    without padding: features[i] is [len(prompts[i]), A*H] (what feature heads such as EAGLE-3 read)."""
+    without padding: features[i] is [len(prompts[i]), A*H] (what feature heads such as EAGLE-3 read).
+    `static` prefills a StaticKVCache of capacity width + extra through the static forward."""
     device, batch = target.device, len(prompts)
     width = max(len(p) for p in prompts)
     input_ids = torch.full((batch, width), target.pad_token_id, dtype=torch.long)
@@ -132,13 +141,24 @@ def prefill_features(
         valid[i, width - len(ids) :] = True
     input_ids, valid = input_ids.to(device), valid.to(device)
     positions = (valid.cumsum(dim=1) - 1).clamp(min=0)  # [B, T]
-    cache = target.new_cache(batch, width + extra)
-    out = target.forward(input_ids, cache, positions, token_valid=valid, capture_layers=capture_layers)
+    if static:
+        cache = StaticKVCache.for_target(target, batch, width + extra)
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
+        slots = torch.arange(width, device=device)
+        logits, aux = static_forward(
+            target, cache, input_ids, positions, valid, slots, causal, capture_layers
+        )
+        cache.advance(width)
+        logits = logits[:, -1]
+    else:
+        cache = target.new_cache(batch, width + extra)
+        out = target.forward(input_ids, cache, positions, token_valid=valid, capture_layers=capture_layers)
+        logits, aux = target.logits(out.hidden[:, -1]), [out.aux[i] for i in capture_layers]
     features = []
     if capture_layers:
-        fused = torch.cat([out.aux[i] for i in capture_layers], dim=-1)  # [B, T, A*H]
+        fused = torch.cat(aux, dim=-1)  # [B, T, A*H]
         features = [fused[i, width - len(ids) :] for i, ids in enumerate(prompts)]
-    return cache, target.logits(out.hidden[:, -1]), features  # [B, V]
+    return cache, logits, features  # [B, V]
 
 
 def token_budgets(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[int]:
@@ -161,11 +181,15 @@ def decode_batch(
     params: SamplingParams,
     max_new_tokens: int,
     generators: list[torch.Generator] | None,
+    static: bool = False,
 ) -> list[GenerationResult]:
     start_time = time.perf_counter()
     device, batch = target.device, len(prompts)
     budget = token_budgets(target, prompts, max_new_tokens)
-    cache, logits = prefill(target, prompts, max(budget))
+    cache, logits, _ = prefill_features(target, prompts, max(budget), (), static)
+    step = GraphedForward(target, cache) if static else None
+    every = torch.ones(batch, 1, dtype=torch.bool, device=device)  # [B, 1] step tokens are real
+    self_only = every[:, :, None]  # [B, 1, 1] tree mask of a one-token step
     next_pos = torch.tensor([[len(p)] for p in prompts], device=device)  # [B, 1]
     eos = set(target.eos_token_ids)
     tokens: list[list[int]] = [[] for _ in range(batch)]
@@ -184,8 +208,11 @@ def decode_batch(
             break
         # Finished rows keep stepping on their last token (fixed batch shape); their outputs are unused.
         step_ids = torch.tensor([[t[-1]] for t in tokens], device=device)  # [B, 1]
-        out = target.forward(step_ids, cache, next_pos)
-        logits = target.logits(out.hidden[:, -1])
+        if step is None:
+            logits = target.logits(target.forward(step_ids, cache, next_pos).hidden[:, -1])
+        else:
+            logits = step(step_ids, next_pos, every, self_only)[0][:, -1]  # graph replay on CUDA
+            cache.advance(1)
         next_pos = next_pos + 1
         for i in range(batch):
             forwards[i] += not finish[i]

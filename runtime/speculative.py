@@ -33,6 +33,7 @@ from draftsmith.runtime.engine import GenerationResult, batches, prefill_feature
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.load_aware import LoadAwareDepth
 from draftsmith.runtime.sampling import SamplingParams, make_generators, next_tokens
+from draftsmith.runtime.static_forward import GraphedForward
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import ancestor_mask, chain
 
@@ -49,9 +50,12 @@ def generate_speculative(
     batch_size: int = 1,
     progress: bool = False,
     policy: LoadAwareDepth | None = None,
+    static: bool = False,
 ) -> list[GenerationResult]:
     """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order.
-    With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step)."""
+    With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step).
+    `static` verifies on a preallocated cache with CUDA graphs (runtime/static_forward.py); rows then
+    stay in the batch until all finish (fixed shapes), their late outputs ignored."""
     results: list[GenerationResult] = []
     desc = f"generate ({drafter.name})"
     for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, desc):
@@ -60,7 +64,9 @@ def generate_speculative(
             gens = make_generators(seed, rows, target.device)
             draft_gens = make_generators(seed + DRAFT_SEED_SALT, rows, target.device)
         batch = [prompts[r] for r in rows]
-        results += speculate_batch(target, drafter, batch, params, max_new_tokens, gens, draft_gens, policy)
+        results += speculate_batch(
+            target, drafter, batch, params, max_new_tokens, gens, draft_gens, policy, static
+        )
     return results
 
 
@@ -74,11 +80,16 @@ def speculate_batch(
     generators: list[torch.Generator] | None,
     draft_generators: list[torch.Generator] | None,
     policy: LoadAwareDepth | None = None,
+    static: bool = False,
 ) -> list[GenerationResult]:
     start_time = time.perf_counter()
     budget = token_budgets(target, prompts, max_new_tokens)
     layers = drafter.capture_layers
-    cache, logits, features = prefill_features(target, prompts, max(budget) + 64, layers)
+    extra = max(budget) + 64
+    if static:  # rows share one cache length that grows by the longest accepted path each cycle
+        extra = static_capacity(drafter, len(prompts), max(budget))
+    cache, logits, features = prefill_features(target, prompts, extra, layers, static)
+    forward = GraphedForward(target, cache, layers) if static else None
     eos = set(target.eos_token_ids)
     results = [GenerationResult(p, [], "", 1, 0.0) for p in prompts]
     first = next_tokens(logits, params, generators).tolist()  # [B], plain decoding's first step
@@ -88,43 +99,62 @@ def speculate_batch(
         emit(res, [tok], row_budget, max_new_tokens, eos)
     drafter.start(prompts, params, draft_generators, features)
     active = list(range(len(prompts)))  # batch row -> result index
+    # static batches keep finished rows: they step on root-only drafts, their tokens go to `beyond` so the
+    # caches stay consistent with the contexts, and nothing of theirs is recorded
+    beyond: list[list[int]] = [[] for _ in prompts]
     while True:
         running = [i for i, r in enumerate(active) if not results[r].finish_reason]
         if not running:
             break
-        if len(running) < len(active):  # finished rows leave the batch
+        if len(running) < len(active) and not static:  # finished rows leave the batch
             rows = torch.tensor(running, device=target.device)
             cache.retain(rows)
             drafter.retain(running)
             generators = None if generators is None else [generators[i] for i in running]
             active = [active[i] for i in running]
-        contexts = [results[r].prompt_token_ids + results[r].token_ids for r in active]
+            running = list(range(len(active)))
+        contexts = [results[r].prompt_token_ids + results[r].token_ids + beyond[r] for r in active]
         before = drafter.forwards
         depth, draft_s = None, time.perf_counter()
         if policy is not None:
-            depth = policy.choose(len(active))
+            depth = policy.choose(len(running))
             drafter.tree = chain(depth) if depth else drafter.tree
         drafts = [root_only(c[-1]) for c in contexts] if depth == 0 else drafter.propose(contexts)
+        drafts = [d if i in running else root_only(c[-1]) for i, (d, c) in enumerate(zip(drafts, contexts))]
         draft_s = time.perf_counter() - draft_s
-        verdicts, features = verify(target, cache, drafts, contexts, params, generators, layers)
+        verdicts, features = verify(target, cache, drafts, contexts, params, generators, layers, forward)
         if depth == 0:
             drafter.skip(features)  # the drafter catches up at its next proposal
         else:
             drafter.commit([v.accepted for v in verdicts], features)
         if policy is not None:
-            policy.observe(len(active), depth, [len(v.accepted) for v in verdicts], draft_s)
+            policy.observe(len(running), depth, [len(verdicts[i].accepted) for i in running], draft_s)
         for r, draft, verdict in zip(active, drafts, verdicts, strict=True):
             res = results[r]
+            new = [draft.tokens[i] for i in verdict.accepted] + [verdict.next_token]
+            if res.finish_reason:
+                beyond[r] += new
+                continue
             res.target_forwards += 1
             res.draft_forwards += drafter.forwards - before
             res.accepted_lengths.append(len(verdict.accepted))
             res.draft_depths.append(draft.tree.max_depth)
-            new = [draft.tokens[i] for i in verdict.accepted] + [verdict.next_token]
+            kept = len(res.token_ids)
             emit(res, new, budget[r], max_new_tokens, eos)
+            beyond[r] += new[len(res.token_ids) - kept :]  # accepted past the row's EOS or budget
     wall = time.perf_counter() - start_time
     for res in results:
         res.wall_s = wall
     return results
+
+
+def static_capacity(drafter: Drafter, batch: int, budget: int) -> int:
+    """Slots a static cache needs past the prompts: each cycle the shared length grows by the longest
+    accepted path (+1), while a row may commit only one token, so with several rows the worst case is
+    budget cycles of (deepest path + 1); plus one tree in flight."""
+    tree = getattr(drafter, "tree", None)
+    depth, size = (tree.max_depth, tree.size) if tree is not None else (8, 64)
+    return budget * (depth + 1 if batch > 1 else 1) + size + 1
 
 
 def emit(res: GenerationResult, tokens: list[int], budget: int, max_new_tokens: int, eos: set[int]) -> None:
@@ -144,12 +174,15 @@ def verify(
     params: SamplingParams,
     generators: list[torch.Generator] | None,
     capture_layers: tuple[int, ...] = (),
+    forward: GraphedForward | None = None,
 ) -> tuple[list[Verdict], list[torch.Tensor]]:
     """One target forward over every row's tree, the acceptance rule per row, then cache compaction.
     Also returns, per row, the target's features (hidden states after `capture_layers`, concatenated)
     at the root and the accepted nodes [1 + accepted, A*H] (empty list without capture layers)."""
     start = cache.length
-    logits, fused = tree_logits(target, cache, drafts, contexts, capture_layers)  # [B, N, V], [B, N, A*H]
+    logits, fused = tree_logits(
+        target, cache, drafts, contexts, capture_layers, forward
+    )  # [B,N,V], [B,N,A*H]
     verdicts = accept_batch(drafts, logits, params, generators)
     keep_len = max(len(v.accepted) for v in verdicts) + 1
     keep = torch.full((len(drafts), keep_len), start, dtype=torch.long)
@@ -175,6 +208,7 @@ def tree_logits(
     drafts: list[Draft],
     contexts: list[list[int]],
     capture_layers: tuple[int, ...] = (),
+    forward: GraphedForward | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Write every row's tree into the cache in one forward -> the target's logits after each node
     [B, N, V] (float32) and, with capture layers, its features [B, N, A*H]. Trees are padded to the
@@ -194,6 +228,10 @@ def tree_logits(
         positions[b, :n] += torch.tensor(draft.tree.depths)
         mask[b, :n, :n] = ancestor_mask(draft.tree)
     device = target.device
+    if forward is not None:  # the static path: slots cache.length.., graph replay on CUDA
+        logits, aux = forward(ids.to(device), positions.to(device), valid.to(device), mask.to(device))
+        cache.advance(nodes)
+        return logits, torch.cat(aux, dim=-1) if capture_layers else None
     tree_mask = None if nodes == 1 else mask.to(device)
     out = target.forward(
         ids.to(device),

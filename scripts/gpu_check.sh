@@ -3,8 +3,9 @@
 # on CUDA (bf16 autocast). Writes gpu.txt and the test logs under $OUT (default runs/gpu-check).
 #   bash scripts/gpu_check.sh            # from the repository root; carry .whl (datasets, dill, multiprocess)
 # Then the Triton kernels compiled on CUDA against their references, and scripts/gpu_measure.py: bandwidth,
-# matmul rate, plain decode vs roofline (embedded target, random Llama-3.1-8B shape), verification cost
-# for 1..128 nodes at 8B shape, end-to-end speedup of the head in runs/eagle3-smollm2-135m/final if carried.
+# matmul rate, plain decode vs roofline eager and on CUDA graphs (embedded target, random Llama-3.1-8B
+# shape), verification cost for 1..128 nodes at 8B shape (eager and graph replays), end-to-end speedup of
+# the head in runs/eagle3-smollm2-135m/final if carried (eager and +graphs rows).
 set -uo pipefail
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
@@ -20,8 +21,10 @@ export PYTHONPATH=/tmp/draftsmith${PYTHONPATH:+:$PYTHONPATH}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, transformers, accelerate; print('torch', torch.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__)"
 } 2>&1 | tee "$OUT/gpu.txt"
-# the gpu-marked tests (CUDA engine vs transformers, bf16 training + EAGLE-3 drafting on CUDA)
-timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu.py tests/train/test_gpu_train.py \
+# the gpu-marked tests (CUDA engine vs transformers, CUDA-graph replays vs eager, bf16 training + EAGLE-3
+# drafting on CUDA)
+timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu.py \
+  tests/runtime/test_static_forward.py tests/train/test_gpu_train.py \
   2>&1 | tee "$OUT/gpu_tests.log"
 # the CPU trainer suite, on CUDA this time (device auto -> cuda, bf16 autocast)
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/train/test_trainer.py 2>&1 | tee "$OUT/trainer_tests_on_cuda.log"

@@ -5,9 +5,10 @@
 
 1. machine: copy bandwidth and bf16 matmul rate (draftsmith.runtime.roofline.machine_rates);
 2. plain decode tokens/s of the embedded target and of a random-weight Llama-3.1-8B-shaped model (bf16,
-   batch 1, after a warm-up), each against its memory-bound roofline (goal: >= 75% at 8B shape);
+   batch 1, after a warm-up), eager and on the static/CUDA-graph path, interleaved, median of 3, each
+   against its memory-bound roofline (goal: >= 75% at 8B shape);
 3. verification cost of one forward over n = 1..128 chain tokens at 8B shape, as a multiple of a
-   1-token step (goal: 64 nodes <= 1.2x);
+   1-token step, eager and as graph replays (goal: 64 nodes <= 1.2x);
 4. end to end, if --head is given: plain vs the head (chain and load-aware) on the embedded target
    (draftsmith bench rows; goal: efficiency = speedup / tau >= 0.8).
 Writes one JSON and prints a Markdown table.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -54,22 +56,23 @@ def random_target(shape: dict, device: str, dtype: torch.dtype, tokenizer):
     return Target(model, tokenizer, f"random-llama-{shape['hidden_size']}x{shape['num_hidden_layers']}")
 
 
-def decode_rate(target, prompt_len: int, new_tokens: int) -> dict:
+def decode_rates(target, prompt_len: int, new_tokens: int, repeats: int = 3) -> dict:
+    """Plain decode tokens/s, eager and static (CUDA graphs), interleaved, median of `repeats`."""
     from draftsmith.runtime.engine import generate_plain
     from draftsmith.runtime.sampling import SamplingParams
 
     ids = torch.randint(0, min(target.vocab_size, 30000), (prompt_len,)).tolist()
-    generate_plain(target, [ids], SamplingParams(), 8)  # warm-up
-    _sync(target.device)
-    start = time.perf_counter()
-    [res] = generate_plain(target, [ids], SamplingParams(), new_tokens)
-    _sync(target.device)
-    wall = time.perf_counter() - start
-    return {
-        "new_tokens": res.new_tokens,
-        "wall_s": round(wall, 3),
-        "tokens_per_s": round(res.new_tokens / wall, 2),
-    }
+    rates: dict[str, list[float]] = {"eager": [], "graphs": []}
+    for static in (False, True):  # warm-up (and graph capture)
+        generate_plain(target, [ids], SamplingParams(), 8, static=static)
+    for _ in range(repeats):
+        for mode, static in (("eager", False), ("graphs", True)):
+            _sync(target.device)
+            start = time.perf_counter()
+            [res] = generate_plain(target, [ids], SamplingParams(), new_tokens, static=static)
+            _sync(target.device)
+            rates[mode].append(res.new_tokens / (time.perf_counter() - start))
+    return {mode: round(statistics.median(r), 2) for mode, r in rates.items()}
 
 
 def _sync(device: torch.device) -> None:
@@ -80,10 +83,18 @@ def _sync(device: torch.device) -> None:
 def plain_vs_roofline(target, machine: dict, prompt_len: int, new_tokens: int) -> dict:
     from draftsmith.runtime.roofline import roofline
 
-    rate = decode_rate(target, prompt_len, new_tokens)
+    rates = decode_rates(target, prompt_len, new_tokens)
     line = roofline(target, machine, 1, prompt_len + new_tokens // 2)
-    share = rate["tokens_per_s"] / line["memory_bound_tokens_per_s"]
-    return {"target": target.name, **rate, "roofline": line, "share_of_roofline": round(share, 3)}
+    ceiling = line["memory_bound_tokens_per_s"]
+    return {
+        "target": target.name,
+        "new_tokens": new_tokens,
+        "tokens_per_s": rates["eager"],
+        "tokens_per_s_graphs": rates["graphs"],
+        "roofline": line,
+        "share_of_roofline": round(rates["eager"] / ceiling, 3),
+        "share_of_roofline_graphs": round(rates["graphs"] / ceiling, 3),
+    }
 
 
 def verify_curve(target, nodes: list[int]) -> dict:
@@ -91,19 +102,50 @@ def verify_curve(target, nodes: list[int]) -> dict:
 
     costs = measure_verify_costs(target, [1], max_nodes=max(nodes), context=512, repeats=5)
     ms = costs.seconds[1]
+    graphed = graphed_verify_ms(target, nodes, context=512)
     return {
         "ms": {n: round(1000 * ms[n - 1], 3) for n in nodes},
         "x_one": {n: round(ms[n - 1] / ms[0], 3) for n in nodes},
+        "ms_graphs": {n: round(graphed[n], 3) for n in nodes},
+        "x_one_graphs": {n: round(graphed[n] / graphed[nodes[0]], 3) for n in nodes},
     }
+
+
+def graphed_verify_ms(target, nodes: list[int], context: int, repeats: int = 20) -> dict[int, float]:
+    """ms per verification forward of n chain tokens after `context` cached tokens, on the static path
+    (a graph replay on CUDA): each call rewrites the same slots, so the cache does not grow."""
+    from draftsmith.runtime.static_forward import GraphedForward, StaticKVCache, static_forward
+
+    device = target.device
+    cache = StaticKVCache.for_target(target, 1, context + max(nodes))
+    ids = torch.randint(0, min(target.vocab_size, 30000), (1, context), device=device)
+    every = torch.ones(1, context, dtype=torch.bool, device=device)
+    causal = torch.ones(context, context, dtype=torch.bool, device=device).tril()[None]
+    static_forward(target, cache, ids, torch.arange(context, device=device)[None], every,
+                   torch.arange(context, device=device), causal)  # fmt: skip
+    cache.advance(context)
+    forward = GraphedForward(target, cache)
+    out = {}
+    for n in nodes:
+        step = (ids[:, :n], context + torch.arange(n, device=device)[None], every[:, :n], causal[:, :n, :n])
+        forward(*step)  # capture
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            forward(*step)
+        _sync(device)
+        out[n] = 1000 * (time.perf_counter() - start) / repeats
+    return out
 
 
 def end_to_end(target, head: str, out: Path) -> list[dict]:
     from draftsmith.runtime.bench_run import BenchRequest, run_bench
 
     request = BenchRequest(
-        drafts=[f"eagle3:{head}"], trees=["chain:3", "dynamic:depth=4,topk=4,tokens=16", "auto:4"],
+        drafts=[f"eagle3:{head}"], trees=["chain:3", "dynamic:depth=4,topk=4,tokens=16", "auto:4",
+                                          "chain:3+graphs"],
         prompts="jsonl:configs/prompts/runtime-bench.jsonl", num_prompts=8, max_new_tokens=128,
-        batch_sizes=[1, 8], baselines=["plain", "hf"], out=str(out / "bench"), roofline=False,
+        batch_sizes=[1, 8], baselines=["plain", "plain+graphs", "hf"], out=str(out / "bench"), roofline=False,
         command="python scripts/gpu_measure.py (end to end)",
     )  # fmt: skip
     return run_bench(request, target=target)["rows"]
@@ -154,16 +196,21 @@ def print_table(r: dict) -> None:
     print(
         f"\n{r['gpu'] or r['platform']}: copy {m['bandwidth_gb_s']} GB/s, matmul {m['matmul_tflops']} TFLOP/s"
     )
-    print("| target | tok/s | memory-bound ceiling | share (goal 8B >= 0.75) |\n|---|---:|---:|---:|")
+    print("| target | tok/s eager | tok/s graphs | memory-bound ceiling | share eager | share graphs "
+          "(goal 8B >= 0.75) |\n|---|---:|---:|---:|---:|---:|")  # fmt: skip
     for p in r["plain"]:
         print(
-            f"| {p['target']} | {p['tokens_per_s']} | {p['roofline']['memory_bound_tokens_per_s']} "
-            f"| {p['share_of_roofline']} |"
+            f"| {p['target']} | {p['tokens_per_s']} | {p['tokens_per_s_graphs']} "
+            f"| {p['roofline']['memory_bound_tokens_per_s']} | {p['share_of_roofline']} "
+            f"| {p['share_of_roofline_graphs']} |"
         )
     v = r["verify_8b_shape"]
-    print("\n| nodes | ms | x one token (goal 64 <= 1.2) |\n|---:|---:|---:|")
+    print(
+        "\n| nodes | ms eager | x one | ms graphs | x one graphs (goal 64 <= 1.2) |"
+        "\n|---:|---:|---:|---:|---:|"
+    )
     for n, ms in v["ms"].items():
-        print(f"| {n} | {ms} | {v['x_one'][n]} |")
+        print(f"| {n} | {ms} | {v['x_one'][n]} | {v['ms_graphs'][n]} | {v['x_one_graphs'][n]} |")
     for row in r.get("end_to_end", []):
         print(
             f"{row['method']} b={row['batch_size']}: {row['tokens_per_s']} tok/s, "

@@ -252,6 +252,7 @@ def test_multi_turn_questions_through_the_command(tiny_dir, tmp_path, machine_ca
         (["--draft", "ngram@chain:0"], "--tree"),
         (["--draft", "ngram", "--tree", "auto:99"], "auto:K"),
         (["--baselines", "hf-assisted:/nowhere"], "nowhere"),
+        (["--draft", "hf@chain:2+graphs"], "+graphs"),
     ],
 )
 def test_bad_bench_input_exits_2(tiny_dir, tmp_path, machine_cache, capsys, extra, message):
@@ -273,3 +274,21 @@ def test_hf_assisted_baseline_runs_at_batch_1_only(tiny_dir, tmp_path, machine_c
     skipped = json.loads((out / "meta.json").read_text())["skipped"]
     assert skipped[0]["batch_size"] == 2 and "one sequence at a time" in skipped[0]["why"]
     assert "roofline" not in json.loads((out / "meta.json").read_text())
+
+
+def test_graphs_suffix_runs_the_static_engine_path(tiny_dir, tmp_path, machine_cache):
+    """plain+graphs and DRAFT@TREE+graphs: the static path (eager on CPU), greedy-identical to plain."""
+    out = tmp_path / "bench"
+    argv = ["bench", "--target", str(tiny_dir), "--baselines", "plain,plain+graphs"]
+    argv += ["--draft", "ngram@chain:2+graphs", "--draft", "self:layers=1@chain:2+graphs"]
+    argv += ["--prompts", "humaneval", "--num-prompts", "2", "--max-new-tokens", "6", "--out", str(out)]
+    assert main([*argv, "--batch-sizes", "1,2", "--no-plots", "--no-roofline"]) == 0
+    rows = json.loads((out / "results.json").read_text())
+    methods = {r["method"] for r in rows}
+    assert methods == {"plain", "plain+graphs", "ngram@chain:2+graphs", "self:layers=1@chain:2+graphs"}
+    assert all(r["greedy_identical"] for r in rows if r["temperature"] == 0)
+    from draftsmith.runtime.bench_methods import build_method
+    from draftsmith.runtime.target import Target
+
+    target = Target.load(str(tiny_dir), device="cpu")
+    assert build_method("plain+graphs", target, [1]).static and not build_method("plain", target, [1]).static

@@ -7,9 +7,13 @@ import torch
 from engine_checks import make_prompts
 from tiny_models import tiny_model, tiny_tokenizer
 
+from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
 from draftsmith.runtime.engine import generate_plain
 from draftsmith.runtime.lm_drafter import LMDrafter
 from draftsmith.runtime.masks import attention_mask
+from draftsmith.runtime.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.mtp_drafter import MtpDrafter
 from draftsmith.runtime.ngram import NgramDrafter
 from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.speculative import generate_speculative
@@ -112,14 +116,41 @@ def test_speculative_decoding_on_the_static_path_is_greedy_identical(target, pla
     assert [r.finish_reason for r in got] == [r.finish_reason for r in plain]
 
 
+@pytest.mark.parametrize("tree", ["chain:4", "dynamic:depth=3,topk=2,tokens=6"])
+def test_feature_heads_on_the_static_path_are_greedy_identical(target, plain, tree):
+    """EAGLE-3 and MTP read the target's features from the graphed forward's aux outputs; rows finish at
+    different cycles and keep stepping (root-only drafts) until the batch ends."""
+    torch.manual_seed(0)
+    eagle = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).eval()
+    mtp = MtpHead(MtpConfig.for_target(target, num_modules=1)).eval()
+    drafters = [
+        Eagle3Drafter(eagle, target, parse_tree_spec(tree)),
+        MtpDrafter(mtp, target, parse_tree_spec(tree), recursive=True),
+    ]
+    for drafter in drafters:
+        got = generate_speculative(
+            target, drafter, make_prompts(5), GREEDY, max_new_tokens=20, batch_size=5, static=True
+        )
+        assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+        cycles = {len(r.accepted_lengths) for r in got}
+        assert all(len(r.accepted_lengths) == len(r.draft_depths) for r in got)
+        assert len(cycles) > 1 or drafter is drafters[1], "rows should finish at different cycles"
+
+
 def test_seeded_sampling_is_the_same_on_both_paths(target):
     """The static path changes only how the forward runs: with the same seed, every sampled token (from
     the first cycle to the last, all rows) equals the dynamic path's."""
     params = SamplingParams(temperature=1.0)
     runs = [
         generate_speculative(
-            target, LMDrafter(target, chain(3), num_layers=1), make_prompts(4), params, 16, seed=5,
-            batch_size=4, static=static,
+            target,
+            LMDrafter(target, chain(3), num_layers=1),
+            make_prompts(4),
+            params,
+            16,
+            seed=5,
+            batch_size=4,
+            static=static,
         )  # fmt: skip
         for static in (False, True)
     ]
