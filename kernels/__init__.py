@@ -17,6 +17,7 @@ dtypes, devices) before either runs; the references live in kernels/reference.py
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -37,7 +38,8 @@ MODES = ("auto", "triton", "torch")
 _warned: set[str] = set()
 
 
-def _triton_importable() -> bool:
+@functools.cache
+def _triton_importable() -> bool:  # cached: find_spec stats the file system, and this runs every cycle
     return importlib.util.find_spec("triton") is not None
 
 

@@ -125,7 +125,8 @@ def tree_accept_ref(
     num = torch.zeros_like(node)
     path = torch.full((batch, nodes), -1, dtype=torch.long, device=tokens.device)
     w = target_probs[:, 0].clone()  # [B, V] residual, unnormalized
-    total = w.sum(dim=-1)  # [B]
+    p_totals = target_probs.sum(dim=-1)  # [B, N]
+    total = p_totals[:, 0]  # [B]
     for c in range(1, nodes):
         x = tokens[:, c]
         tried = (parents[:, c] == node) & (x >= 0) & (x < vocab)  # [B] the walk tests node c
@@ -140,8 +141,9 @@ def tree_accept_ref(
             new_w = (w - total[:, None] * draft_probs[:, c]).clamp(min=0)
             new_total = new_w.sum(dim=-1)
         reject &= new_total > 0  # r <= q everywhere only by rounding: keep r (acceptance.py)
-        w = torch.where(take[:, None], target_probs[:, c], torch.where(reject[:, None], new_w, w))
-        total = torch.where(take, target_probs[:, c].sum(dim=-1), torch.where(reject, new_total, total))
+        torch.where(reject[:, None], new_w, w, out=new_w)  # in place: these are [B, V] passes
+        torch.where(take[:, None], target_probs[:, c], new_w, out=w)
+        total = torch.where(take, p_totals[:, c], torch.where(reject, new_total, total))
         path[rows, num] = torch.where(take, c, path[rows, num])
         num, node = num + take.long(), torch.where(take, c, node)
     return path, num, inverse_cdf(w, draws)

@@ -104,10 +104,11 @@ def uniforms(
 def sanitize_rows(probs: torch.Tensor) -> torch.Tensor:
     """acceptance.sanitize on every row of [..., V]: NaN/inf/negative -> 0, renormalized, and a row with
     no mass left becomes uniform (a broken target row still yields an in-range token, reliability.md A7)."""
-    finite = torch.nan_to_num(probs, nan=0.0, posinf=0.0, neginf=0.0).clamp(min=0)
-    total = finite.sum(dim=-1, keepdim=True)
-    uniform = torch.full_like(finite, 1.0 / probs.shape[-1])
-    return torch.where(total > 0, finite / total.clamp(min=torch.finfo(finite.dtype).tiny), uniform)
+    out = torch.nan_to_num(probs, nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=0)  # one copy, then in place
+    total = out.sum(dim=-1, keepdim=True)  # [..., 1]
+    empty = total <= 0
+    out.div_(total.masked_fill(empty, 1.0))
+    return out.masked_fill_(empty, 1.0 / probs.shape[-1])
 
 
 def verdicts_from(path: torch.Tensor | None, num: torch.Tensor, nxt: torch.Tensor) -> list[Verdict]:
