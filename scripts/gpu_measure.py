@@ -8,7 +8,8 @@
    batch 1, after a warm-up), eager and on the static/CUDA-graph path, interleaved, median of 3, each
    against its memory-bound roofline (goal: >= 75% at 8B shape);
 3. verification cost of one forward over n = 1..128 chain tokens at 8B shape, as a multiple of a
-   1-token step, eager and as graph replays (goal: 64 nodes <= 1.2x);
+   1-token step, eager and as graph replays, with SDPA and with draftsmith's tree-attention kernel
+   (goal: 64 nodes <= 1.2x);
 4. end to end, if --head is given: plain vs the head (chain and load-aware) on the embedded target
    (draftsmith bench rows; goal: efficiency = speedup / tau >= 0.8).
 Writes one JSON and prints a Markdown table.
@@ -102,12 +103,20 @@ def verify_curve(target, nodes: list[int]) -> dict:
 
     costs = measure_verify_costs(target, [1], max_nodes=max(nodes), context=512, repeats=5)
     ms = costs.seconds[1]
+    from draftsmith.runtime.kernel_attention import use_kernel_attention
+
     graphed = graphed_verify_ms(target, nodes, context=512)
+    use_kernel_attention(target)  # the same replays with draftsmith's tree-attention kernel in every layer
+    try:
+        kernel = graphed_verify_ms(target, nodes, context=512)
+    finally:
+        use_kernel_attention(target, False)
     return {
         "ms": {n: round(1000 * ms[n - 1], 3) for n in nodes},
         "x_one": {n: round(ms[n - 1] / ms[0], 3) for n in nodes},
         "ms_graphs": {n: round(graphed[n], 3) for n in nodes},
         "x_one_graphs": {n: round(graphed[n] / graphed[nodes[0]], 3) for n in nodes},
+        "ms_graphs_kernel_attention": {n: round(kernel[n], 3) for n in nodes},
     }
 
 
@@ -206,11 +215,14 @@ def print_table(r: dict) -> None:
         )
     v = r["verify_8b_shape"]
     print(
-        "\n| nodes | ms eager | x one | ms graphs | x one graphs (goal 64 <= 1.2) |"
-        "\n|---:|---:|---:|---:|---:|"
+        "\n| nodes | ms eager | x one | ms graphs | x one graphs (goal 64 <= 1.2) | ms graphs, kernel attn |"
+        "\n|---:|---:|---:|---:|---:|---:|"
     )
     for n, ms in v["ms"].items():
-        print(f"| {n} | {ms} | {v['x_one'][n]} | {v['ms_graphs'][n]} | {v['x_one_graphs'][n]} |")
+        print(
+            f"| {n} | {ms} | {v['x_one'][n]} | {v['ms_graphs'][n]} | {v['x_one_graphs'][n]} "
+            f"| {v['ms_graphs_kernel_attention'][n]} |"
+        )
     for row in r.get("end_to_end", []):
         print(
             f"{row['method']} b={row['batch_size']}: {row['tokens_per_s']} tok/s, "

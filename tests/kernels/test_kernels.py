@@ -5,6 +5,7 @@ import logging
 
 import pytest
 import torch
+from tiny_models import tiny_model, tiny_tokenizer
 
 from draftsmith import kernels
 from draftsmith.kernels.reference import (
@@ -15,8 +16,10 @@ from draftsmith.kernels.reference import (
     tree_attention_ref,
 )
 from draftsmith.runtime.acceptance import accept_greedy, accept_sampled
+from draftsmith.runtime.kernel_attention import use_kernel_attention
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.masks import attention_mask
+from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import ancestor_mask, parse_tree_spec
 
 
@@ -243,3 +246,32 @@ def test_tree_attention_kernel_on_cuda_at_8b_shape(monkeypatch, dtype, batch, no
     want = tree_attention_ref(q, k, v, mask, scale)  # fp32
     got = kernels.tree_attention(q.to(dtype), k.to(dtype), v.to(dtype), mask, scale)
     torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype], rtol=0)
+
+
+# ---- the kernel inside the target's layers (runtime/kernel_attention.py) -----------------------------
+
+
+def test_target_forward_with_kernel_attention_equals_sdpa(triton_mode, monkeypatch):
+    """A prefill (no mask: SDPA) then a tree step (boolean mask: the Triton kernel, interpreted) give the
+    same logits as the target on SDPA; the kernel ran once per layer of the tree step."""
+    target = Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
+    tree = parse_tree_spec("static:binary-3")
+    prompt, step = torch.tensor([[7, 8, 9, 10, 11]]), torch.arange(20, 20 + tree.size)[None]
+    positions = 5 + torch.tensor(tree.depths)[None]
+
+    def tree_step_logits():
+        cache = target.new_cache(1, 32)
+        target.forward(prompt, cache)
+        return target.logits(target.forward(step, cache, positions, tree_mask=ancestor_mask(tree)).hidden)
+
+    want = tree_step_logits()
+    calls = []
+    real = kernels.tree_attention
+    monkeypatch.setattr(kernels, "tree_attention", lambda *a: calls.append(1) or real(*a))
+    use_kernel_attention(target)
+    try:
+        got = tree_step_logits()
+    finally:
+        use_kernel_attention(target, False)
+    assert len(calls) == target.num_layers
+    torch.testing.assert_close(got, want, atol=1e-4 * want.abs().max().item(), rtol=0)

@@ -1,0 +1,41 @@
+"""Tree-verification attention through draftsmith.kernels, inside the target's own decoder layers.
+
+    use_kernel_attention(target)          # the target's attention calls kernels.tree_attention
+    use_kernel_attention(target, False)   # back to SDPA
+
+transformers lets a model name its attention function (`AttentionInterface`); the target's layers then
+call it with q [B, Hq, T, D], the cache's k/v [B, Hkv, S, D] (not repeated for GQA) and the mask
+draftsmith built, bool [B, 1, T, S]. With a boolean mask this function runs `kernels.tree_attention` (the
+Triton kernel on CUDA, its SDPA reference elsewhere); without one (a plain causal prefill, where the
+engine passes None) it is SDPA, exactly as before. Off by default: whether the kernel beats SDPA with a
+mask on a given GPU is what `scripts/gpu_measure.py` measures (verification cost, both ways).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith import kernels
+
+NAME = "draftsmith_tree"
+
+
+def tree_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' attention-function signature -> (output [B, T, Hq, D], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if attention_mask is None or attention_mask.dtype != torch.bool or dropout:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = kernels.tree_attention(query, key, value, attention_mask, scale)  # [B, Hq, T, D]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_kernel_attention(target, on: bool = True) -> None:
+    """Switch the target's attention between draftsmith's tree-attention kernel and SDPA."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, tree_attention_forward)
+    target.model.set_attn_implementation(NAME if on else "sdpa")
