@@ -1,4 +1,4 @@
-"""The EAGLE-3 draft head (Li et al. 2025): one decoder layer on the target's fused features.
+"""The EAGLE-3 draft head (Li et al. 2025): decoder layers on the target's fused features.
 
     config = Eagle3Config.for_target(target, draft_vocab_size=8192)
     head = Eagle3Head(config)
@@ -8,13 +8,17 @@
 
 Position t combines the embedding of token t+1 with the feature of position t (the target's aux hidden
 states fused by `fc`, or, after the first drafted step, the head's own output at the parent) and predicts
-token t+2. The layer's attention input is [norm(embedding); norm(feature)] (2H wide); its residual
-stream is the feature. The target's embedding is reused (never stored in the head); the LM head covers a
-reduced draft vocabulary whose ids map to target ids by `d2t` offsets (target id = draft id + d2t).
+token t+2. The first layer's attention input is [norm(embedding); norm(feature)] (2H wide); its residual
+stream is the feature. Further layers (`num_layers` > 1, as vLLM and speculators build them) are plain
+Llama layers on that output. The target's embedding is reused (never stored in the head); the LM head
+covers a reduced draft vocabulary whose ids map to target ids by `d2t` offsets (target id = draft id +
+d2t). The output fed back as the next step's feature is the last layer's pre-norm output, or with
+EAGLE-3.1's `norm_output` its final-normed output (`next_feature`); logits always read norm(output).
 
 Parameter names are exactly those of the official / SGLang EAGLE-3 layout (mission_anchors.md b1):
 `fc.weight`, `midlayer.{input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
-mlp.{gate,up,down}_proj}`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`. The pieces that are plain Llama
+mlp.{gate,up,down}_proj}`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`; further layers are
+`layers.{i}.*` for i >= 1 (vLLM's names, where `midlayer` is `layers.0`). The pieces that are plain Llama
 (RMSNorm, gated MLP, rotary embedding) come from transformers.
 """
 
@@ -70,6 +74,9 @@ class Eagle3Config:
     # The residual stream starts from hidden_norm(feature) instead of the raw feature (speculators'
     # `norm_before_residual`, its trainer's default); False is the official / SGLang layer.
     norm_before_residual: bool = False
+    num_layers: int = 1  # draft decoder layers (`num_hidden_layers` in the engines' configs)
+    # EAGLE-3.1: feed the final-normed output back as the next step's feature (speculators, vLLM)
+    norm_output: bool = False
 
     @classmethod
     def for_target(
@@ -106,6 +113,9 @@ class Eagle3Config:
         top = num_target_layers if num_target_layers is not None else 10**9
         if not aux or len(set(aux)) != len(aux) or any(not 0 <= i < top for i in aux):
             raise BadInputError("aux_layer_ids", aux, f"distinct layer ids in [0, {top})")
+        layers = self.num_layers
+        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+            raise BadInputError("num_layers", layers, "an integer >= 1 (draft decoder layers)")
         if self.fc_norm and self.norm_before_fc:
             raise BadInputError("fc_norm", True, "fc_norm or norm_before_fc, not both (EAGLE-3.1 flags)")
         missing = [
@@ -117,15 +127,16 @@ class Eagle3Config:
 
 
 class Eagle3Attention(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
+    def __init__(self, cfg: Eagle3Config, width: int | None = None, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx  # its slot in the head's KV cache
         layer = cfg.layer
         self.heads, self.kv_heads, self.head_dim = (
             layer["num_attention_heads"],
             layer.get("num_key_value_heads", layer["num_attention_heads"]),
             layer["head_dim"],
         )
-        width = 2 * cfg.hidden_size  # [norm(embedding); norm(feature)]
+        width = width or 2 * cfg.hidden_size  # the first layer reads [norm(embedding); norm(feature)]
         self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
@@ -140,7 +151,7 @@ class Eagle3Attention(nn.Module):
         v = self.v_proj(x).view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *rope)
         if cache is not None:
-            k, v = cache.update(k, v, 0)  # [B, nkv, S, d]
+            k, v = cache.update(k, v, self.layer_idx)  # [B, nkv, S, d]
         if mask is None:
             mask = torch.ones(new, k.shape[2], dtype=torch.bool, device=x.device).tril(k.shape[2] - new)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
@@ -160,6 +171,24 @@ class Eagle3Layer(nn.Module):
         self.mlp = LlamaMLP(llama_config)
 
 
+class Eagle3DecoderLayer(nn.Module):
+    """Layer i >= 1: a plain pre-norm Llama layer on the previous layer's output."""
+
+    def __init__(self, cfg: Eagle3Config, llama_config, layer_idx: int):
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+        super().__init__()
+        eps, hidden = cfg.layer.get("rms_norm_eps", 1e-6), cfg.hidden_size
+        self.input_layernorm = LlamaRMSNorm(hidden, eps)
+        self.self_attn = Eagle3Attention(cfg, hidden, layer_idx)
+        self.post_attention_layernorm = LlamaRMSNorm(hidden, eps)
+        self.mlp = LlamaMLP(llama_config)
+
+    def forward(self, h, rope, cache: KVCache | None, mask):  # h [B, T, H]
+        h = h + self.self_attn(self.input_layernorm(h), rope, cache, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
 class Eagle3Head(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         from transformers import LlamaConfig
@@ -176,6 +205,9 @@ class Eagle3Head(nn.Module):
             self.input_norm = LlamaRMSNorm(width, eps)
         self.fc = nn.Linear(width, hidden, bias=False)
         self.midlayer = Eagle3Layer(cfg, llama)
+        self.layers = nn.ModuleDict(
+            {str(i): Eagle3DecoderLayer(cfg, llama, i) for i in range(1, cfg.num_layers)}
+        )
         self.norm = LlamaRMSNorm(hidden, cfg.layer.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(hidden, cfg.draft_vocab_size, bias=False)
         self.rotary = LlamaRotaryEmbedding(llama)
@@ -202,7 +234,8 @@ class Eagle3Head(nn.Module):
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         attn = self.midlayer.self_attn
         weight = self.fc.weight
-        return KVCache(1, batch, attn.kv_heads, attn.head_dim, capacity, weight.dtype, weight.device)
+        layers = self.config.num_layers
+        return KVCache(layers, batch, attn.kv_heads, attn.head_dim, capacity, weight.dtype, weight.device)
 
     def forward(
         self,
@@ -213,7 +246,7 @@ class Eagle3Head(nn.Module):
         token_valid: torch.Tensor | None = None,  # [B, T]
         tree_mask: torch.Tensor | None = None,  # [B?, T, W] over the last W cache slots (masks.py)
     ) -> torch.Tensor:
-        """-> the layer's output [B, T, H] (pre-norm; feed it back as the next step's feature)."""
+        """-> the last layer's output [B, T, H], pre-norm (`next_feature(h)` is the next step's feature)."""
         layer = self.midlayer
         mask = None
         if cache is not None:
@@ -231,9 +264,15 @@ class Eagle3Head(nn.Module):
         residual = normed if self.config.norm_before_residual else feature
         h = residual + layer.self_attn(x, rope, cache, mask)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
+        for extra in self.layers.values():
+            h = extra(h, rope, cache, mask)
         if cache is not None:
             cache.commit()
         return h
+
+    def next_feature(self, h: torch.Tensor) -> torch.Tensor:
+        """The feature a child reads from its parent's output h: h itself, or norm(h) with norm_output."""
+        return self.norm(h) if self.config.norm_output else h
 
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(h)).float()  # [..., Vd]

@@ -60,10 +60,11 @@ class Eagle3Drafter(LMDrafter):
             h = self.head(embeds, self.head.fuse(feats), positions.to(device), self.cache, valid.to(device))
         self.forwards += 1
         last = torch.tensor(counts, device=device) - 1
-        self.root_hidden = h[torch.arange(batch, device=device), last]  # [B, H]
-        self.hidden = [{} for _ in contexts]  # per row: candidate -> head output (a child's feature)
+        root_out = h[torch.arange(batch, device=device), last]  # [B, H]
+        self.root_hidden = self.head.next_feature(root_out)  # the root's children read it
+        self.hidden = [{} for _ in contexts]  # per row: candidate -> its children's feature
         root_pos = [seen + n - 1 for seen, n in zip(self.cached, counts, strict=True)]
-        return self.head.target_logits(self.root_hidden), root_pos
+        return self.head.target_logits(root_out), root_pos
 
     @torch.inference_mode()
     def _forward_level(
@@ -92,9 +93,10 @@ class Eagle3Drafter(LMDrafter):
             tree_mask=mask.to(device),
         )
         self.forwards += 1
+        feature = self.head.next_feature(h)  # [B, F, H]
         for b, nodes in enumerate(frontier):
             for j, node in enumerate(nodes):
-                self.hidden[b][node] = h[b, j]
+                self.hidden[b][node] = feature[b, j]
         return self.head.target_logits(h)
 
     def commit(self, accepted: list[list[int]], features=None) -> None:

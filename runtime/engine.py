@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.sampling import SamplingParams, make_generators, next_tokens
-from draftsmith.runtime.static_forward import GraphedForward, StaticKVCache, static_forward
+from draftsmith.runtime.static_forward import static_forward, static_session
 from draftsmith.runtime.target import Target
 
 
@@ -142,7 +142,7 @@ def prefill_features(
     input_ids, valid = input_ids.to(device), valid.to(device)
     positions = (valid.cumsum(dim=1) - 1).clamp(min=0)  # [B, T]
     if static:
-        cache = StaticKVCache.for_target(target, batch, width + extra)
+        cache = static_session(target, batch, width + extra, capture_layers).cache
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
         slots = torch.arange(width, device=device)
         logits, aux = static_forward(
@@ -187,7 +187,7 @@ def decode_batch(
     device, batch = target.device, len(prompts)
     budget = token_budgets(target, prompts, max_new_tokens)
     cache, logits, _ = prefill_features(target, prompts, max(budget), (), static)
-    step = GraphedForward(target, cache) if static else None
+    step = cache.graphed if static else None  # the session's graphs, captured by an earlier batch or now
     every = torch.ones(batch, 1, dtype=torch.bool, device=device)  # [B, 1] step tokens are real
     self_only = every[:, :, None]  # [B, 1, 1] tree mask of a one-token step
     next_pos = torch.tensor([[len(p)] for p in prompts], device=device)  # [B, 1]

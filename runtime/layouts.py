@@ -74,7 +74,7 @@ def llama_layer_config(cfg: Eagle3Config) -> dict:
     out["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
     out.update(
         model_type="llama",
-        num_hidden_layers=1,
+        num_hidden_layers=cfg.num_layers,
         vocab_size=cfg.vocab_size,
         tie_word_embeddings=False,
         attention_bias=False,
@@ -95,7 +95,7 @@ def _provenance(cfg: Eagle3Config) -> dict:
 
 
 def _norm_flags(cfg: Eagle3Config) -> dict:
-    return {"fc_norm": cfg.fc_norm, "norm_before_fc": cfg.norm_before_fc}
+    return {"fc_norm": cfg.fc_norm, "norm_before_fc": cfg.norm_before_fc, "norm_output": cfg.norm_output}
 
 
 def to_official(head: Eagle3Head, engine: str = "sglang") -> tuple[dict, dict[str, torch.Tensor]]:
@@ -108,6 +108,15 @@ def to_official(head: Eagle3Head, engine: str = "sglang") -> tuple[dict, dict[st
             True,
             "False for the official layout (SGLang's layer has no such flag)",
             "export --format speculators keeps it",
+        )
+    if engine == "sglang" and (cfg.num_layers > 1 or cfg.norm_output):
+        # vLLM's loader reads both (layers.{i}, norm_output; checked against its source); SGLang's naming
+        # and support for them were not verified, so no SGLang folder claims to carry them.
+        raise BadInputError(
+            "num_layers / norm_output",
+            f"{cfg.num_layers} / {cfg.norm_output}",
+            "1 / False for an SGLang export",
+            "export --engine vllm or --format speculators for vLLM",
         )
     dtype = head.fc.weight.dtype
     config = {
@@ -147,7 +156,6 @@ def to_speculators(
         "target_hidden_size": cfg.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": to_engine_ids(cfg.aux_layer_ids, "speculators"),
         "norm_before_residual": cfg.norm_before_residual,
-        "norm_output": False,
         "embed_requires_grad": False,
         **_norm_flags(cfg),
         "transformer_layer_config": tl_config,
@@ -226,14 +234,13 @@ def from_layout(
 
 def _config_from_engine(config: dict, layout: str, target, ids: str) -> Eagle3Config:
     layer_cfg = config["transformer_layer_config"] if layout == "speculators" else config
-    if layer_cfg.get("num_hidden_layers", 1) != 1:
-        raise BadInputError("num_hidden_layers", layer_cfg["num_hidden_layers"], "1 (one draft layer)")
+    layers = layer_cfg.get("num_hidden_layers", 1)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise BadInputError("num_hidden_layers", layers, "an integer >= 1 (draft decoder layers)")
     if config.get("embed_requires_grad"):
         raise BadInputError(
             "embed_requires_grad", True, "false: draftsmith heads read the target's embedding"
         )
-    if config.get("norm_output"):
-        raise BadInputError("norm_output", True, "false (EAGLE-3.1's output norm is not implemented here)")
     ours = config.get("draftsmith") or {}
     vocab = layer_cfg.get("vocab_size")
     hidden = layer_cfg["hidden_size"]
@@ -252,6 +259,8 @@ def _config_from_engine(config: dict, layout: str, target, ids: str) -> Eagle3Co
         norm_before_fc=bool(config.get("norm_before_fc")),
         # vLLM reads a missing flag as True (mission_anchors.md b2); the official layout has no such flag
         norm_before_residual=bool(config.get("norm_before_residual", layout == "speculators")),
+        num_layers=layers,
+        norm_output=bool(config.get("norm_output")),
     )
 
 

@@ -89,7 +89,7 @@ def speculate_batch(
     if static:  # rows share one cache length that grows by the longest accepted path each cycle
         extra = static_capacity(drafter, len(prompts), max(budget))
     cache, logits, features = prefill_features(target, prompts, extra, layers, static)
-    forward = GraphedForward(target, cache, layers) if static else None
+    forward = cache.graphed if static else None  # graphs kept for later batches of this shape
     eos = set(target.eos_token_ids)
     results = [GenerationResult(p, [], "", 1, 0.0) for p in prompts]
     first = next_tokens(logits, params, generators).tolist()  # [B], plain decoding's first step

@@ -1,8 +1,8 @@
 """The GPU engine path's target forward: a static (preallocated) KV cache written through device-side
 slot ids, a mask over the whole capacity, and one CUDA graph per (batch, nodes) shape.
 
-    cache = StaticKVCache.for_target(target, batch=4, capacity=2048)
-    forward = GraphedForward(target, cache)                  # graphs on CUDA, the same code eagerly on CPU
+    forward = static_session(target, batch=4, capacity=2048)    # reused by later batches of this shape
+    cache = forward.cache                                        # reset: length 0, nothing valid
     logits, aux = forward(ids, positions, token_valid, tree_mask)   # writes slots cache.length..+T
     cache.advance(ids.shape[1])
 
@@ -20,6 +20,7 @@ engines keep finished rows stepping and ignore their outputs), so buffer address
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,7 @@ class StaticKVCache(KVCache):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.slots = torch.zeros(0, dtype=torch.long, device=self.valid.device)
+        self.graphed: GraphedForward | None = None  # the graphed forward over this cache (it sets this)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """key/value [B, Hkv, T, D] -> slots `self.slots`; returns the whole buffers [B, Hkv, C, D]."""
@@ -58,6 +60,11 @@ class StaticKVCache(KVCache):
 
     def _grow(self, capacity: int) -> None:
         raise ValueError(f"static cache full: {capacity} slots needed, capacity {self.capacity}")
+
+    def reset(self) -> None:
+        """Empty it for a new batch, keeping every buffer where it is (captured graphs point at them)."""
+        self.valid.zero_()
+        self.length = self._pending = 0
 
 
 def slot_mask(valid: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
@@ -118,6 +125,7 @@ class GraphedForward:
         graphs: bool | None = None,
     ):
         self.target, self.cache, self.capture_layers = target, cache, capture_layers
+        cache.graphed = self
         self.graphs = target.device.type == "cuda" if graphs is None else graphs
         self.shapes: dict[tuple[int, int], _Shape] = {}
         self.pool = None  # one memory pool shared by every captured shape
@@ -180,3 +188,25 @@ class GraphedForward:
             shape.logits, shape.aux = self._body(shape)
         self.pool = graph.pool()
         shape.graph = graph
+
+
+_SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {shape key: GraphedForward}
+
+
+def static_session(
+    target: Target, batch: int, capacity: int, capture_layers: tuple[int, ...] = ()
+) -> GraphedForward:
+    """A graphed forward over a reset static cache (`.cache`) of at least `capacity` slots (rounded up to a
+    power of two >= 256) for this target, batch size and capture layers. Later batches of the same key
+    replay the graphs captured by the first, as a server captures once at start-up, so capture time is
+    not paid per request."""
+    bucket = max(256, 1 << max(capacity - 1, 1).bit_length())
+    sessions = _SESSIONS.setdefault(target, {})
+    key = (batch, bucket, tuple(capture_layers))
+    if key not in sessions:
+        sessions[key] = GraphedForward(
+            target, StaticKVCache.for_target(target, batch, bucket), capture_layers
+        )
+    forward = sessions[key]
+    forward.cache.reset()
+    return forward

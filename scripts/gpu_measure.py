@@ -64,8 +64,8 @@ def decode_rates(target, prompt_len: int, new_tokens: int, repeats: int = 3) -> 
 
     ids = torch.randint(0, min(target.vocab_size, 30000), (prompt_len,)).tolist()
     rates: dict[str, list[float]] = {"eager": [], "graphs": []}
-    for static in (False, True):  # warm-up (and graph capture)
-        generate_plain(target, [ids], SamplingParams(), 8, static=static)
+    for static in (False, True):  # warm-up, and the graph capture of the session the timed runs reuse
+        generate_plain(target, [ids], SamplingParams(), new_tokens, static=static)
     for _ in range(repeats):
         for mode, static in (("eager", False), ("graphs", True)):
             _sync(target.device)

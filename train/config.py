@@ -24,6 +24,8 @@ class HeadConfig:
     init_from_target: bool = True  # start lm_head (draft rows) and norm from the target's
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux hidden state before fc
     norm_before_fc: bool = False  # EAGLE-3.1: one RMSNorm over the concatenated aux states before fc
+    num_layers: int = 1  # EAGLE-3: draft decoder layers (the first reads [embedding; feature])
+    norm_output: bool = False  # EAGLE-3.1: feed the final-normed output back across TTT steps
     num_modules: int = 1  # MTP: depth M, module m predicts token t+m+2 (1..4)
     labels: Literal["target", "data"] = "target"  # MTP: the target's distributions, or the data's tokens
     # MTP input conventions (runtime/mtp.py): h_0 after the target's final norm (DeepSeek) or before it
@@ -121,6 +123,7 @@ class TrainConfig:
             "train.grad_accum": t.grad_accum,
             "train.ttt_steps": t.ttt_steps,
             "head.draft_vocab_size": self.head.draft_vocab_size,
+            "head.num_layers": self.head.num_layers,
             "data.max_length": self.data.max_length,
             "log.every": self.log.every,
             "checkpoint.keep": self.checkpoint.keep,
@@ -161,6 +164,9 @@ class TrainConfig:
         for key, default in (("mtp_feature", "final_norm"), ("mtp_mask_first_position", False)):
             if self.head.type != "mtp" and getattr(self.head, key) != default:
                 raise BadInputError(f"head.{key}", getattr(self.head, key), f"{default} (an MTP option)")
+        for key, default in (("num_layers", 1), ("norm_output", False)):
+            if self.head.type == "mtp" and getattr(self.head, key) != default:
+                raise BadInputError(f"head.{key}", getattr(self.head, key), f"{default} (an EAGLE-3 option)")
         if not 1 <= self.head.num_modules <= MAX_MODULES:
             raise BadInputError(
                 "head.num_modules", self.head.num_modules, f"an integer in [1, {MAX_MODULES}]"

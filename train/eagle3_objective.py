@@ -82,7 +82,8 @@ class GrowingCache:
     autograd can differentiate through every step's keys and values (training only)."""
 
     def __init__(self, batch: int, device):
-        self.keys = self.values = None
+        self.keys: dict[int, torch.Tensor] = {}  # layer -> [B, nkv, S, d]
+        self.values: dict[int, torch.Tensor] = {}
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=device)
         self.length = 0
 
@@ -90,9 +91,10 @@ class GrowingCache:
         self.valid = torch.cat([self.valid, token_valid], dim=1)
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs):
-        self.keys = keys if self.keys is None else torch.cat([self.keys, keys], dim=2)
-        self.values = values if self.values is None else torch.cat([self.values, values], dim=2)
-        return self.keys, self.values
+        old_k, old_v = self.keys.get(layer_idx), self.values.get(layer_idx)
+        self.keys[layer_idx] = keys if old_k is None else torch.cat([old_k, keys], dim=2)
+        self.values[layer_idx] = values if old_v is None else torch.cat([old_v, values], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
 
     def commit(self) -> None:
         self.length = self.valid.shape[1]
@@ -109,8 +111,9 @@ def unroll(head: Eagle3Head, embed, input_ids: torch.Tensor, features: torch.Ten
         tokens[:, : max(length - k - 1, 0)] = input_ids[:, k + 1 :]
         with torch.no_grad():  # the target's embedding is reused and frozen
             embeds = embed(tokens)
-        feature = head(embeds, feature, positions + k, cache, tree_mask=step_mask(length, k, device))
-        yield feature  # the next step reads the head's own output
+        h = head(embeds, feature, positions + k, cache, tree_mask=step_mask(length, k, device))
+        yield h
+        feature = head.next_feature(h)  # the next step reads the head's own output (normed with norm_output)
 
 
 def ttt_loss(head: Eagle3Head, embed, batch: TTTBatch, steps: int = 7, decay: float = 0.8) -> TTTOutput:

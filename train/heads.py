@@ -60,6 +60,8 @@ def build_eagle3_head(cfg, target, aux_layers, vocab_dir):
         cfg.head.draft_vocab_size,
         fc_norm=cfg.head.fc_norm,
         norm_before_fc=cfg.head.norm_before_fc,
+        num_layers=cfg.head.num_layers,
+        norm_output=cfg.head.norm_output,
     )
     head = Eagle3Head(config)
     d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, cfg.head.draft_vocab_size)

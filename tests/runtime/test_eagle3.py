@@ -37,10 +37,16 @@ def target():
     return Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
 
 
-@pytest.fixture(scope="module")
-def head(target):
+SHAPES = {"one layer": {}, "two layers, norm_output": {"num_layers": 2, "norm_output": True}}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def head(target, request):
     torch.manual_seed(0)
-    head = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2], draft_vocab_size=64)).eval()
+    config = Eagle3Config.for_target(
+        target, aux_layer_ids=[0, 1, 2], draft_vocab_size=64, **SHAPES[request.param]
+    )
+    head = Eagle3Head(config).eval()
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.2)
@@ -96,8 +102,15 @@ def test_target_logits_scatter_draft_ids(target, head):
 
 
 def test_tensor_names_are_the_official_layout(head):
+    """midlayer.* for the first layer; a second layer is layers.1.* with a plain Llama layer's names."""
     names = {k for k in head.state_dict() if not k.startswith("rotary.")}
-    assert names == OFFICIAL_NAMES
+    extra = {k for k in names if k.startswith("layers.1.")}
+    assert names - extra == OFFICIAL_NAMES
+    if head.config.num_layers == 2:
+        layer = {k.removeprefix("midlayer.") for k in OFFICIAL_NAMES if k.startswith("midlayer.")}
+        assert {k.removeprefix("layers.1.") for k in extra} == layer - {"hidden_norm.weight"}
+    else:
+        assert not extra
     h = head.config.hidden_size
     assert head.midlayer.self_attn.q_proj.weight.shape[1] == 2 * h  # [norm(embedding); norm(feature)]
     assert head.fc.weight.shape == (h, 3 * head.config.target_hidden_size)

@@ -27,10 +27,15 @@ def target():
     return Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
 
 
-@pytest.fixture(scope="module")
-def head(target):
+SHAPES = {"one layer": {}, "two layers, norm_output": {"num_layers": 2, "norm_output": True}}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def head(target, request):
     torch.manual_seed(0)
-    return Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).eval()
+    return Eagle3Head(
+        Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2], **SHAPES[request.param])
+    ).eval()
 
 
 PROMPTS = random_prompts(5)
@@ -95,7 +100,8 @@ def test_head_cache_after_commits_equals_a_fresh_forward(target, head, skipped):
         assert n == len(ctx) - 1  # one target feature per committed token but the root
         embeds = target.embed(torch.tensor([ctx[1:]]))
         fresh = head(embeds, head.fc(all_feats[b][None]), torch.arange(n)[None])  # plain causal, no cache
-        torch.testing.assert_close(drafter.root_hidden[b], fresh[0, -1], atol=1e-5, rtol=1e-5)
+        want = head.next_feature(fresh[0, -1])  # what the root's children read
+        torch.testing.assert_close(drafter.root_hidden[b], want, atol=1e-5, rtol=1e-5)
 
 
 def test_cli_loads_a_head_folder(tiny_dir, tmp_path, capsys):

@@ -103,6 +103,24 @@ def test_speculators_layout_round_trip(target):
         assert_same_head(head, from_layout(config, tensors, target))
 
 
+def test_two_layer_norm_output_heads_round_trip_for_vllm(target):
+    """num_layers = 2 and norm_output travel through vLLM's official layout and speculators' (vLLM reads
+    both: layers.{i}, `norm_output`); an SGLang export refuses them (not verified there)."""
+    head = random_head(target, num_layers=2, norm_output=True)
+    config, tensors = to_official(head, engine="vllm")
+    assert config["num_hidden_layers"] == 2 and config["norm_output"] is True
+    assert "layers.1.self_attn.q_proj.weight" in tensors and "midlayer.hidden_norm.weight" in tensors
+    read = from_layout(foreign(config), dict(tensors), target, ids="input")
+    assert (read.config.num_layers, read.config.norm_output) == (2, True)
+    assert_same_head(head, read)
+    config, tensors = to_speculators(head)
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 2 and config["norm_output"] is True
+    assert {"layers.0.hidden_norm.weight", "layers.1.input_layernorm.weight"} <= set(tensors)
+    assert_same_head(head, from_layout(foreign(config), dict(tensors), target))
+    with pytest.raises(BadInputError, match="num_layers / norm_output"):
+        to_official(head, engine="sglang")
+
+
 def test_norm_before_residual_changes_the_head(target):
     """The negative control for the flag the layouts carry: flipping it changes the logits."""
     a, b = random_head(target, seed=3), random_head(target, seed=3, norm_before_residual=True)
@@ -142,8 +160,8 @@ def test_foreign_head_without_t2d_or_ids(target, head):
         (lambda c, t: t.pop("fc.weight"), "tensor fc.weight"),
         (lambda c, t: t.update({"extra.weight": torch.zeros(1)}), "tensor extra.weight"),
         (lambda c, t: t.update({"d2t": t["d2t"] + 200}), "d2t"),
-        (lambda c, t: c.update({"num_hidden_layers": 2}), "num_hidden_layers"),
-        (lambda c, t: c.update({"norm_output": True}), "norm_output"),
+        (lambda c, t: c.update({"num_hidden_layers": 2}), "tensor layers.1."),  # no second layer's tensors
+        (lambda c, t: c.update({"num_hidden_layers": 0}), "num_hidden_layers"),
         (lambda c, t: c.update({"vocab_size": 256}), "vocab_size"),
         (lambda c, t: c.update({"architectures": ["LlamaForCausalLM"]}), "config.json"),
         (lambda c, t: c.update({"embed_requires_grad": True}), "embed_requires_grad"),

@@ -211,3 +211,57 @@ def test_speculators_save_loads_back_as_the_same_head(head, tiny_target, tiny_di
         assert back.config.aux_layer_ids == AUX
         assert back.config.norm_before_residual is head.config.norm_before_residual
         assert torch.equal(our_logits(back, tiny_target, ids, aux, positions), ours)
+
+
+def their_step_logits(model, ids, aux, positions, steps: int) -> list[torch.Tensor]:
+    """speculators' forward over `steps` TTT steps -> its lm_head output per step."""
+    seen = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            model(hidden_states=aux, input_ids=ids, document_ids=torch.zeros_like(ids),
+                  position_ids=positions, ttt_steps=steps)  # fmt: skip
+    finally:
+        hook.remove()
+    assert len(seen) == steps
+    return seen
+
+
+@torch.no_grad()
+def our_step_logits(head, target, ids, aux, steps: int) -> list[torch.Tensor]:
+    """Our training-time-test unroll on the same pairs: pair t = (ids[t], aux[t]); one extra pair at the
+    end (a dummy first id shifts ours onto theirs) that no earlier position can see."""
+    from draftsmith.train.eagle3_objective import unroll
+
+    n = ids.shape[1]
+    seq = torch.cat([torch.zeros_like(ids[:, :1]), ids], dim=1)  # unroll's pair t reads seq[t + 1]
+    feats = torch.cat([aux, torch.zeros_like(aux[:, :1])], dim=1)
+    return [head.draft_logits(h)[:, :n] for h in unroll(head, target.embed, seq, feats, steps)]
+
+
+@pytest.mark.parametrize("norm_output", [False, True], ids=["feed back h", "feed back norm(h)"])
+def test_two_layer_head_matches_speculators_across_ttt_steps(tiny_target, tiny_dir, tmp_path, norm_output):
+    """num_layers = 2 (layers.1 a plain Llama layer) and EAGLE-3.1's norm_output: speculators' forward gives
+    the same draft logits at TTT steps 0 and 1 (step 1 reads the fed-back feature); the same folder with
+    norm_output flipped changes step 1 only (negative control)."""
+    torch.manual_seed(0)
+    config = Eagle3Config.for_target(
+        tiny_target, aux_layer_ids=AUX, draft_vocab_size=64, num_layers=2, norm_output=norm_output
+    )
+    head = Eagle3Head(config).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.2)
+    head.set_draft_vocab(DRAFT_IDS)
+    assert "layers.1.self_attn.q_proj.weight" in head.state_dict()
+    model, reports = load_speculators(export(head, tiny_dir, tmp_path / "head"))
+    assert len(model.layers) == 2 and model.config.norm_output is norm_output
+    assert not any("missing" in r.lower() or "unexpected" in r.lower() for r in reports), reports
+    ids, aux, positions = inputs()
+    ours = our_step_logits(head, tiny_target, ids, aux, 2)
+    for theirs, mine in zip(their_step_logits(model, ids, aux, positions, 2), ours, strict=True):
+        torch.testing.assert_close(theirs, mine, **TOL)
+    flipped, _ = load_speculators(export(head, tiny_dir, tmp_path / "flipped", norm_output=not norm_output))
+    step0, step1 = their_step_logits(flipped, ids, aux, positions, 2)
+    torch.testing.assert_close(step0, ours[0], **TOL)
+    assert (step1 - ours[1]).abs().max() > 1e-2

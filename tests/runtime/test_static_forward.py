@@ -17,7 +17,13 @@ from draftsmith.runtime.mtp_drafter import MtpDrafter
 from draftsmith.runtime.ngram import NgramDrafter
 from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.static_forward import GraphedForward, StaticKVCache, slot_mask, static_forward
+from draftsmith.runtime.static_forward import (
+    _SESSIONS,
+    GraphedForward,
+    StaticKVCache,
+    slot_mask,
+    static_forward,
+)
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import ancestor_mask, chain, parse_tree_spec
 
@@ -95,8 +101,15 @@ def plain(target):
 
 
 def test_plain_decoding_on_the_static_path_is_identical(target, plain):
-    got = generate_plain(target, make_prompts(5), GREEDY, max_new_tokens=20, batch_size=5, static=True)
-    assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+    """Twice: the second batch reuses the first one's session (cache buffers and graphs), reset."""
+    for run in range(2):
+        got = generate_plain(target, make_prompts(5), GREEDY, max_new_tokens=20, batch_size=5, static=True)
+        assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+        if run == 0:
+            sessions = dict(_SESSIONS[target])
+    assert _SESSIONS[target] == sessions and len(sessions) == 1
+    [forward] = sessions.values()
+    assert forward.cache.capacity == 256 and set(forward.shapes) == {(5, 1)}
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,10 @@ def target():
     return Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
 
 
-def make_head(target, seed=0, draft_vocab=None):
+def make_head(target, seed=0, draft_vocab=None, **options):
     torch.manual_seed(seed)
-    head = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2], draft_vocab_size=draft_vocab))
+    config = Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2], draft_vocab_size=draft_vocab, **options)
+    head = Eagle3Head(config)
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.1)
@@ -41,8 +42,11 @@ def make_batch(target, length=12, batch=2, seed=0):
 
 
 @torch.no_grad()
-def test_unrolled_steps_equal_the_drafters_chain(target):
-    head = make_head(target).eval()
+@pytest.mark.parametrize("options", [{}, {"num_layers": 2, "norm_output": True}], ids=["1 layer", "2 layers"])
+def test_unrolled_steps_equal_the_drafters_chain(target, options):
+    """Training-time test sees what drafting sees: each step's output equals a cached chain of head
+    steps whose features are the parent's output (normed with norm_output)."""
+    head = make_head(target, **options).eval()
     batch = make_batch(target, batch=1)
     ids, feats = batch.input_ids, batch.features
     hs = list(unroll(head, target.embed, ids, feats, STEPS))
@@ -54,11 +58,11 @@ def test_unrolled_steps_equal_the_drafters_chain(target):
             target.embed(ids[:, 1 : t + 2]), head.fc(feats[:, : t + 1]), torch.arange(t + 1)[None], cache
         )
         torch.testing.assert_close(hs[0][0, t], h[0, -1], atol=1e-5, rtol=1e-5)
-        feature = h[:, -1:]
+        out = h[:, -1:]
         for k in range(1, STEPS):  # depth-k node: true token t+k+1, parent's output, position t+k
             token = target.embed(ids[:, t + k + 1 : t + k + 2])
-            feature = head(token, feature, torch.tensor([[t + k]]), cache)  # sees the prefix and the chain
-            torch.testing.assert_close(hs[k][0, t], feature[0, -1], atol=1e-5, rtol=1e-5)
+            out = head(token, head.next_feature(out), torch.tensor([[t + k]]), cache)  # prefix + chain
+            torch.testing.assert_close(hs[k][0, t], out[0, -1], atol=1e-5, rtol=1e-5)
 
 
 def test_loss_counts_supervised_in_vocab_positions_and_trains_the_head_only(target):

@@ -66,6 +66,29 @@ def test_run_writes_metrics_checkpoints_and_a_loadable_head(
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]  # zero mismatches
 
 
+def test_two_layer_norm_output_head_trains_and_drafts(tiny_dir, tiny_target, source, data_dir, tmp_path):
+    """head.num_layers=2 head.norm_output=true: the run learns, final/ loads as that head, and it drafts
+    with zero greedy mismatches."""
+    from draftsmith.runtime.eagle3 import load_head
+    from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
+    from draftsmith.runtime.engine import generate_plain
+    from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.speculative import generate_speculative
+    from draftsmith.runtime.tree import parse_tree_spec
+
+    out = tmp_path / "run"
+    train(config(tiny_dir, source, data_dir, out, "head.num_layers=2", "head.norm_output=true"))
+    evals = metrics(out, "eval")
+    assert evals[-1]["loss"] < evals[0]["loss"]
+    head = load_head(out / "final", tiny_target)
+    assert (head.config.num_layers, head.config.norm_output) == (2, True)
+    prompts = [tiny_target.encode("w1 w2 w3"), tiny_target.encode("w7 w8")]
+    drafter = Eagle3Drafter(head, tiny_target, parse_tree_spec("dynamic:depth=3,topk=2,tokens=6"))
+    spec = generate_speculative(tiny_target, drafter, prompts, SamplingParams(), 12, batch_size=2)
+    plain = generate_plain(tiny_target, prompts, SamplingParams(), 12)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+
+
 def _run_to_end(cfg_path, *extra):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     return subprocess.run(
@@ -230,6 +253,7 @@ def test_data_made_for_another_target_is_refused(tiny_dir, source, tmp_path):
         ("train.lr=-1", "train.lr"),
         ("data.mode=sideways", "data.mode"),
         ("head.aux_layers=0,1,9", "head.aux_layers: got [0, 1, 9]"),
+        ("head.num_layers=0", "head.num_layers"),
     ],
 )
 def test_bad_config_values_exit_2_naming_the_field(tiny_dir, source, data_dir, tmp_path, capsys, bad, field):
