@@ -6,10 +6,11 @@
 1. data + train: `draftsmith train` with the config named by `train_config` (the data steps run or are
    reused from the cache; a finished run is reused, an interrupted one resumes);
 2. head: `output_dir/final/` of that run, in draftsmith's layout (engine layouts: `draftsmith export`);
-3. bench: on held-out prompts (`prompt_set`), plain decoding, transformers `generate()`, prompt lookup
-   and the trained head (chain and dynamic tree) side by side (`draftsmith.runtime.speed`), greedy
-   tokens checked against plain decoding; prints the table, writes `out_dir/results.json` and the
-   resolved `out_dir/config.yaml`;
+3. bench: `draftsmith bench` at batch 1 on held-out prompts (`prompt_set`): plain decoding,
+   transformers `generate()` and prompt lookup, and the trained head (chain and dynamic tree) side by
+   side, greedy tokens checked against plain decoding; prints the table and writes the bench's
+   `out_dir/bench/` (results.json, meta.json, report.md, plots), plus `out_dir/results.json` (the run's
+   summary) and the resolved `out_dir/config.yaml`;
 4. export: the head in each of `export_formats` (default: the official/SGLang EAGLE-3 layout and vLLM's
    speculators layout) under `out_dir/export-FORMAT/`, each with a model card holding the bench rows.
 """
@@ -54,6 +55,7 @@ class DemoConfig:
     methods: list[str] = field(
         default_factory=lambda: [
             "hf",
+            "hf-prompt-lookup",
             "ngram@chain:2",
             "eagle3:{head}@chain:2",
             "eagle3:{head}@dynamic:depth=3,topk=4,tokens=8",
@@ -70,12 +72,23 @@ class DemoConfig:
                 raise BadInputError(key, getattr(self, key), "an integer >= 1")
         if not self.methods:
             raise BadInputError("methods", self.methods, "at least one method")
+        for method in self.methods:
+            if not is_baseline(method) and "@" not in method:
+                raise BadInputError("methods", method, "a bench baseline (hf, ...) or DRAFT@TREE")
         from draftsmith.train.export import FORMATS
 
         for fmt in self.export_formats:
             if fmt not in FORMATS or "eagle3" not in FORMATS[fmt]:
                 eagle3 = [f for f, kinds in FORMATS.items() if "eagle3" in kinds]
                 raise BadInputError("export_formats", fmt, f"formats for an EAGLE-3 head: {eagle3}")
+
+
+def is_baseline(method: str) -> bool:
+    """A method `draftsmith bench` takes as a baseline (plain, hf, ..., vllm...), not as DRAFT@TREE."""
+    name = method.removesuffix("+graphs")
+    return name in ("plain", "hf", "hf-prompt-lookup", "vllm") or name.startswith(
+        ("hf-assisted:", "vllm-eagle3:")
+    )
 
 
 def default_config_path() -> Path:
@@ -105,8 +118,6 @@ def train_head(cfg: DemoConfig, quick: bool):
 
 def demo_main(config_path: str | None, overrides: list[str], quick: bool = False) -> dict:
     from draftsmith.runtime.prompt_sets import load_prompt_set
-    from draftsmith.runtime.sampling import SamplingParams
-    from draftsmith.runtime.speed import compare_methods, format_rows
 
     cfg = load_config(DemoConfig, config_path or default_config_path(), overrides)
     if quick:
@@ -118,26 +129,17 @@ def demo_main(config_path: str | None, overrides: list[str], quick: bool = False
         cfg.out_dir = str(Path(cfg.out_dir).with_name(Path(cfg.out_dir).name + "-quick"))
     cfg.validate()
     out = Path(cfg.out_dir)
-    texts = load_prompt_set(cfg.prompt_set, cfg.num_prompts)  # bad input fails before training
+    load_prompt_set(cfg.prompt_set, cfg.num_prompts)  # bad input fails before training
     head, last_eval, target = train_head(cfg, quick)
     log.info("demo 2/4: head %s (simulated tau on validation %.2f)", head, last_eval["simulated_tau"])
-    methods = [m.replace("{head}", str(head)) for m in cfg.methods]
-    log.info(
-        "demo 3/4: bench on %d held-out %s prompts, %d new tokens",
-        len(texts),
-        cfg.prompt_set,
-        cfg.max_new_tokens,
-    )
-    params = SamplingParams(temperature=cfg.temperature).validate()
-    rows = compare_methods(
-        target, methods, [target.encode(t) for t in texts], params, cfg.max_new_tokens, cfg.repeats
-    )
-    print(format_rows(rows))
+    command = "draftsmith demo" + (" --quick" if quick else "") + "".join(f" {o}" for o in overrides)
+    rows = bench_head(cfg, head, target, out / "bench", command)["rows"]  # prints its table as it goes
     result = {
-        "command": "draftsmith demo" + (" --quick" if quick else "") + "".join(f" {o}" for o in overrides),
+        "command": command,
         "config": asdict(cfg),
         "head": str(head),
         "head_validation": last_eval,
+        "bench": str(out / "bench"),
         "rows": rows,
         "machine": {
             "platform": platform.platform(),
@@ -152,22 +154,45 @@ def demo_main(config_path: str | None, overrides: list[str], quick: bool = False
     save_config(cfg, out / "config.yaml")
     atomic_write_text(out / "results.json", json.dumps(result, indent=2))
     log.info("wrote %s and %s", out / "results.json", out / "config.yaml")
-    result["exports"] = export_head(cfg, head, out)
+    result["exports"] = export_head(cfg, head, out / "bench" / "results.json", out)
     broken = [r["method"] for r in rows if r.get("greedy_identical") is False]
     if broken:
         raise DraftsmithError(f"greedy tokens differ from plain decoding for {broken}: see results.json")
     return result
 
 
-def export_head(cfg: DemoConfig, head: Path, out: Path) -> list[str]:
+def bench_head(cfg: DemoConfig, head: Path, target, folder: Path, command: str) -> dict:
+    """Step 3: `draftsmith bench` at batch 1: plain + the configured baselines and DRAFT@TREE methods."""
+    from draftsmith.runtime.bench_run import BenchRequest, run_bench
+
+    methods = [m.replace("{head}", str(head)) for m in cfg.methods]
+    log.info("demo 3/4: bench on %d held-out %s prompts, %d new tokens", cfg.num_prompts, cfg.prompt_set,
+             cfg.max_new_tokens)  # fmt: skip
+    request = BenchRequest(
+        target=cfg.target,
+        drafts=[m for m in methods if not is_baseline(m)],
+        prompts=cfg.prompt_set,
+        num_prompts=cfg.num_prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        temperatures=[cfg.temperature],
+        batch_sizes=[1],
+        baselines=["plain", *[m for m in methods if is_baseline(m) and m != "plain"]],
+        repeats=cfg.repeats,
+        out=str(folder),
+        device=cfg.device,
+        dtype=cfg.dtype,
+        command=command,
+    )
+    return run_bench(request, target=target)
+
+
+def export_head(cfg: DemoConfig, head: Path, bench: Path, out: Path) -> list[str]:
     """Step 4: the head in each export format, its model card quoting this run's bench rows."""
     from draftsmith.train.export import ExportRequest, export
 
     folders = []
     for fmt in cfg.export_formats:
-        request = ExportRequest(
-            str(head), fmt, str(out / f"export-{fmt}"), bench=str(out / "results.json"), overwrite=True
-        )
+        request = ExportRequest(str(head), fmt, str(out / f"export-{fmt}"), bench=str(bench), overwrite=True)
         folders.append(str(export(request)))
     log.info("demo 4/4: exported %s", ", ".join(folders) or "nothing (export_formats is empty)")
     return folders
