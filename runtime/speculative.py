@@ -85,9 +85,7 @@ def speculate_batch(
     start_time = time.perf_counter()
     budget = token_budgets(target, prompts, max_new_tokens)
     layers = drafter.capture_layers
-    extra = max(budget) + 64
-    if static:  # rows share one cache length that grows by the longest accepted path each cycle
-        extra = static_capacity(drafter, len(prompts), max(budget))
+    extra = static_capacity(drafter, len(prompts), max(budget)) if static else max(budget) + 64
     cache, logits, features = prefill_features(target, prompts, extra, layers, static)
     forward = cache.graphed if static else None  # graphs kept for later batches of this shape
     eos = set(target.eos_token_ids)
@@ -130,22 +128,25 @@ def speculate_batch(
         if policy is not None:
             policy.observe(len(running), depth, [len(verdicts[i].accepted) for i in running], draft_s)
         for r, draft, verdict in zip(active, drafts, verdicts, strict=True):
-            res = results[r]
             new = [draft.tokens[i] for i in verdict.accepted] + [verdict.next_token]
-            if res.finish_reason:
+            if results[r].finish_reason:
                 beyond[r] += new
                 continue
-            res.target_forwards += 1
-            res.draft_forwards += drafter.forwards - before
-            res.accepted_lengths.append(len(verdict.accepted))
-            res.draft_depths.append(draft.tree.max_depth)
-            kept = len(res.token_ids)
-            emit(res, new, budget[r], max_new_tokens, eos)
-            beyond[r] += new[len(res.token_ids) - kept :]  # accepted past the row's EOS or budget
+            record_cycle(results[r], draft, verdict, drafter.forwards - before)
+            kept = len(results[r].token_ids)
+            emit(results[r], new, budget[r], max_new_tokens, eos)
+            beyond[r] += new[len(results[r].token_ids) - kept :]  # accepted past the row's EOS or budget
     wall = time.perf_counter() - start_time
     for res in results:
         res.wall_s = wall
     return results
+
+
+def record_cycle(res: GenerationResult, draft: Draft, verdict: Verdict, draft_forwards: int) -> None:
+    res.target_forwards += 1
+    res.draft_forwards += draft_forwards
+    res.accepted_lengths.append(len(verdict.accepted))
+    res.draft_depths.append(draft.tree.max_depth)
 
 
 def static_capacity(drafter: Drafter, batch: int, budget: int) -> int:
