@@ -26,22 +26,13 @@ import time
 
 import torch
 
-from draftsmith.runtime.bench_types import BatchOutput, SpecCounters
+from draftsmith.runtime.bench_types import BASELINE_KINDS, BatchOutput, SpecCounters
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.tree import parse_tree_spec
 
 log = logging.getLogger("draftsmith")
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
-BASELINES = (
-    "plain",
-    "plain+graphs",
-    "hf",
-    "hf-prompt-lookup",
-    "hf-assisted:MODEL",
-    "vllm",
-    "vllm-eagle3:DIR",
-)
 GRAPHS = "+graphs"  # suffix: the same method on the static / CUDA-graph engine path
 
 
@@ -215,7 +206,7 @@ def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int =
         return VllmMethod(spec, target, head, k, max(batch_sizes), max_model_len)
     draft, at, tree = spec.partition("@")
     if not at or not draft or draft in ("plain", "none") or draft.startswith(("hf", "vllm")):
-        raise BadInputError("method", spec, f"one of {', '.join(BASELINES)}, or DRAFT@TREE")
+        raise BadInputError("method", spec, f"one of {', '.join(BASELINE_KINDS)}, or DRAFT@TREE")
     return build_draft_method(spec, draft, tree, target, batch_sizes)
 
 

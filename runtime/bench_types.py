@@ -72,3 +72,21 @@ class BatchOutput:
     ttft_s: list[float | None]  # per request: time to its first new token (None: not measurable)
     spec: SpecCounters | None = None  # None for methods that do not speculate or do not say
     target_forwards: int | None = None  # summed over requests (prefills included); None when unknown
+
+
+BASELINE_KINDS = (  # what `--baselines` takes (runtime/bench_methods.py runs them)
+    "plain",
+    "plain+graphs",
+    "hf",
+    "hf-prompt-lookup",
+    "hf-assisted:MODEL",
+    "vllm",
+    "vllm-eagle3:DIR[@chain:K]",
+)
+
+
+def is_baseline(name: str) -> bool:
+    """A method `draftsmith bench` takes as a baseline, not as a DRAFT@TREE of draftsmith's engine."""
+    kind, _, arg = name.partition(":")
+    plain_kinds = ("plain", "plain+graphs", "hf", "hf-prompt-lookup", "vllm")
+    return name in plain_kinds or (kind in ("hf-assisted", "vllm-eagle3") and bool(arg))

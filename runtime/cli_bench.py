@@ -5,18 +5,9 @@ from __future__ import annotations
 import argparse
 import shlex
 
+from draftsmith.runtime.bench_types import BASELINE_KINDS, is_baseline
 from draftsmith.runtime.cli_args import Formatter, add_target_args, int_arg
 from draftsmith.runtime.errors import BadInputError
-
-BASELINE_KINDS = (
-    "plain",
-    "plain+graphs",
-    "hf",
-    "hf-prompt-lookup",
-    "hf-assisted:MODEL",
-    "vllm",
-    "vllm-eagle3:DIR[@chain:K]",
-)
 
 
 def number_list(name: str, kind):
@@ -36,10 +27,7 @@ def number_list(name: str, kind):
 
 def check_baselines(names: list[str]) -> list[str]:
     for name in names:
-        ok = name in ("plain", "plain+graphs", "hf", "hf-prompt-lookup", "vllm") or (
-            name.partition(":")[0] in ("hf-assisted", "vllm-eagle3") and name.partition(":")[2]
-        )
-        if not ok:
+        if not is_baseline(name):
             raise BadInputError("--baselines", name, f"a comma-separated list of {', '.join(BASELINE_KINDS)}")
     return names
 

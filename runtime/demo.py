@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.runtime.bench_types import is_baseline
 from draftsmith.runtime.config import atomic_write_text, load_config, save_config
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
@@ -81,14 +82,6 @@ class DemoConfig:
             if fmt not in FORMATS or "eagle3" not in FORMATS[fmt]:
                 eagle3 = [f for f, kinds in FORMATS.items() if "eagle3" in kinds]
                 raise BadInputError("export_formats", fmt, f"formats for an EAGLE-3 head: {eagle3}")
-
-
-def is_baseline(method: str) -> bool:
-    """A method `draftsmith bench` takes as a baseline (plain, hf, ..., vllm...), not as DRAFT@TREE."""
-    name = method.removesuffix("+graphs")
-    return name in ("plain", "hf", "hf-prompt-lookup", "vllm") or name.startswith(
-        ("hf-assisted:", "vllm-eagle3:")
-    )
 
 
 def default_config_path() -> Path:
