@@ -135,9 +135,8 @@ class LMDrafter(Drafter):
                 logits = self._forward_level(
                     rows, [[order[n] for n in frontier]] * len(rows), depth, root_pos
                 )
-            for b, row in enumerate(rows):
-                for j, node in enumerate(frontier):
-                    self._add_children(row, b, order[node], len(kids[node]), logits[b, j])
+            parents = [[order[n] for n in frontier]] * len(rows)
+            self._add_children(rows, parents, [len(kids[n]) for n in frontier], logits)
         self.columns = []
         return [self._draft(tree, row, [order[n] for n in range(tree.size)]) for row in rows]
 
@@ -149,10 +148,7 @@ class LMDrafter(Drafter):
         for depth in range(spec.depth):
             if depth > 0:
                 logits = self._forward_level(rows, frontier, depth, root_pos)
-            created = [[] for _ in rows]
-            for b, row in enumerate(rows):
-                for j, node in enumerate(frontier[b]):
-                    created[b] += self._add_children(row, b, node, spec.topk, logits[b, j])
+            created = self._add_children(rows, frontier, [spec.topk] * len(frontier[0]), logits)
             frontier = [
                 sorted(new, key=lambda i, r=row: (-r.scores[i], i))[: spec.topk]
                 for new, row in zip(created, rows)
@@ -174,21 +170,38 @@ class LMDrafter(Drafter):
         return Draft(tree, tokens, torch.stack([root, *probs]))  # [N, V]
 
     def _add_children(
-        self, row: _Candidates, b: int, node: int, count: int, logits: torch.Tensor
-    ) -> list[int]:
-        """Draw `count` children of `node` from its logits [V]; returns their candidate ids."""
-        if count == 0:
-            return []
+        self,
+        rows: list[_Candidates],
+        parents: list[list[int]],  # per row, the frontier's candidate ids (the same count in every row)
+        counts: list[int],  # children to draw per frontier position
+        logits: torch.Tensor,  # [B, F, V] the draft's logits after each frontier node
+    ) -> list[list[int]]:
+        """Draw the children of a whole level, for every row, with one host transfer (not one per row and
+        node: on a GPU each would be a synchronization) -> per row, the new candidate ids."""
+        created: list[list[int]] = [[] for _ in rows]
         if self.sample:
-            q = logits_to_probs(logits, self.params)  # [V], the very law the tokens are drawn from
-            tokens = torch.multinomial(q, count, replacement=True, generator=self.generators[b]).tolist()
-            return [row.add(node, t, q=q) for t in tokens]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        top = torch.topk(logp, count)
-        base = row.scores[node]
-        return [
-            row.add(node, t, base + v) for v, t in zip(top.values.tolist(), top.indices.tolist(), strict=True)
-        ]
+            q = logits_to_probs(logits, self.params)  # [B, F, V], the very law the tokens are drawn from
+            draws = [
+                torch.multinomial(q[b, j], count, replacement=True, generator=self.generators[b])
+                for b in range(len(rows))
+                for j, count in enumerate(counts)
+                if count
+            ]
+            tokens = iter(torch.cat(draws).tolist() if draws else [])
+            for b, row in enumerate(rows):
+                for j, count in enumerate(counts):
+                    created[b] += [row.add(parents[b][j], next(tokens), q=q[b, j]) for _ in range(count)]
+            return created
+        widest = max(counts)
+        if widest == 0:
+            return created
+        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), widest, dim=-1)  # [B, F, widest]
+        values, indices = top.values.tolist(), top.indices.tolist()
+        for b, row in enumerate(rows):
+            for j, count in enumerate(counts):
+                node, base = parents[b][j], row.scores[parents[b][j]]
+                created[b] += [row.add(node, indices[b][j][i], base + values[b][j][i]) for i in range(count)]
+        return created
 
     def _level_mask(self, rows: list[_Candidates], frontier: list[list[int]]) -> torch.Tensor:
         """[B, F, W] over this cycle's slots (pending tokens, then nodes forwarded so far, then the new
