@@ -1,7 +1,7 @@
-"""Two processes on CPU through `accelerate launch` with the shipped configs: DDP over gloo, DeepSpeed ZeRO-2
-and ZeRO-3. Each must really run 2 processes, train the same head (up to float reduction order), resume
-from its own checkpoint, and refuse a resume into another world size. Run: pytest -m distributed
-(the first DeepSpeed run JIT-builds a small op, ~30 s; ecosystem_cpu.md 3b)."""
+"""Two processes on CPU through `accelerate launch` with the shipped configs: DDP over gloo, FSDP2 over
+gloo, DeepSpeed ZeRO-2 and ZeRO-3. Each must really run 2 processes, train the same head (up to float
+reduction order), resume from its own checkpoint, and refuse a resume into another world size. Run:
+pytest -m distributed (the first DeepSpeed run JIT-builds a small op, ~30 s; ecosystem_cpu.md 3b)."""
 
 import json
 import os
@@ -20,7 +20,7 @@ from draftsmith.train.checkpoints import finished_checkpoints
 
 pytestmark = pytest.mark.distributed
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
-LAUNCHERS = ["ddp-cpu", "deepspeed-zero2", "deepspeed-zero3"]
+LAUNCHERS = ["ddp-cpu", "fsdp-cpu", "deepspeed-zero2", "deepspeed-zero3"]
 
 
 @pytest.fixture(scope="module")
