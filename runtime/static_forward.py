@@ -7,10 +7,11 @@ slot ids, a mask over the whole capacity, and one CUDA graph per (batch, nodes) 
     cache.advance(ids.shape[1])
 
 Why: `Target.forward` slices the cache with Python ints and builds its mask over the used length, so
-every step has new shapes and a launch per op; at batch 1 on an H100 a small model's decode step is
-dominated by those launches, not by reading weights. Here nothing inside the forward depends on a host
-value: the write position is a slot tensor, the mask covers all C slots (gpt-fast's static cache; keys
-past the end are masked), so the step is captured once per shape and replayed (torch.cuda.CUDAGraph).
+every step has new shapes and one kernel launch per op from Python; on a fast GPU a small model's
+decode step can cost more in launches than in reading its weights (the reason gpt-fast and vLLM capture
+CUDA graphs; scripts/gpu_measure.py measures both paths). Here nothing inside the forward depends on a
+host value: the write position is a slot tensor and the mask covers all C slots (gpt-fast's static
+cache; keys past the end are masked), so the step is captured once per shape and replayed.
 
 The mask equals runtime/masks.py's `attention_mask` for tokens written at slots start..start+T-1: a
 token sees the valid prefix slots before start, the tree block (`tree_mask` [B, T, T], causal for plain
