@@ -186,3 +186,19 @@ def test_cuda_graph_replay_equals_the_eager_static_forward():
         target, LMDrafter(target, chain(3), num_layers=1), prompts, GREEDY, 24, batch_size=4, static=True
     )
     assert [r.token_ids for r in spec] == [r.token_ids for r in want]
+
+
+def test_generate_cli_with_cuda_graphs_flag_gives_the_same_tokens(tiny_dir, capsys):
+    """`generate --cuda-graphs` (the static path; eager on this CPU) prints the same tokens, plain and
+    speculative."""
+    import json
+
+    from draftsmith.runtime.cli import main
+
+    argv = ["generate", "--target", str(tiny_dir), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "12"]
+    argv += ["--json", "--device", "cpu"]
+    outputs = []
+    for extra in ([], ["--cuda-graphs"], ["--draft", "ngram", "--cuda-graphs"]):
+        assert main([*argv, *extra]) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) == 12
