@@ -26,10 +26,13 @@ export PYTHONPATH=/tmp/draftsmith${PYTHONPATH:+:$PYTHONPATH}
 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu.py \
   tests/runtime/test_static_forward.py tests/train/test_gpu_train.py \
   2>&1 | tee "$OUT/gpu_tests.log"
-# the CPU trainer suite, on CUDA this time (device auto -> cuda, bf16 autocast)
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/train/test_trainer.py 2>&1 | tee "$OUT/trainer_tests_on_cuda.log"
+# the CPU trainer suite, on CUDA this time (device auto -> cuda, bf16 autocast); it passed on an H200
+# already (BENCHMARKS.md), so it runs only with GPU_CHECK_TRAINER=1 to leave the 8 minutes to the kernels
+if [ "${GPU_CHECK_TRAINER:-0}" = 1 ]; then
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/train/test_trainer.py 2>&1 | tee "$OUT/trainer_tests_on_cuda.log"
+fi
 # kernels compiled by Triton on the GPU (not the interpreter), at real shapes
 TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tee "$OUT/kernel_tests.log"
 HEAD=runs/eagle3-smollm2-135m/final
-timeout 300 python3 scripts/gpu_measure.py --out "$OUT/measure.json" $([ -d "$HEAD" ] && echo --head "$HEAD") \
+timeout 330 python3 scripts/gpu_measure.py --out "$OUT/measure.json" $([ -d "$HEAD" ] && echo --head "$HEAD") \
   2>&1 | tee "$OUT/measure.log"

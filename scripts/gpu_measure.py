@@ -10,7 +10,9 @@
 3. verification cost of one forward over n = 1..128 chain tokens at 8B shape, as a multiple of a
    1-token step, eager and as graph replays, with SDPA and with draftsmith's tree-attention kernel
    (goal: 64 nodes <= 1.2x);
-4. end to end, if --head is given: plain vs the head (chain and load-aware) on the embedded target
+4. runtime efficiency (speedup / tau) at 8B shape without a head: n-gram and early-exit drafting, eager
+   and on CUDA graphs (random weights are fine for this ratio);
+5. end to end, if --head is given: plain vs the head (chain and load-aware) on the embedded target
    (draftsmith bench rows; goal: efficiency = speedup / tau >= 0.8).
 Writes one JSON and prints a Markdown table.
 """
@@ -160,6 +162,57 @@ def end_to_end(target, head: str, out: Path) -> list[dict]:
     return run_bench(request, target=target)["rows"]
 
 
+def runtime_efficiency(target, prompts: int = 4, new_tokens: int = 96, repeats: int = 2) -> list[dict]:
+    """Speedup / tau without a trained head (random weights allowed): plain, n-gram chain:3 and early
+    exit (the first 3/4 of the layers) chain:2, each eager and on the static/CUDA-graph path, batch 1,
+    on token-id prompts that repeat (so n-gram lookup has matches); interleaved, median of `repeats`."""
+    from draftsmith.runtime.drafting import build_drafter
+    from draftsmith.runtime.engine import generate_plain
+    from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.speculative import generate_speculative
+    from draftsmith.runtime.tree import chain
+
+    g = torch.Generator().manual_seed(0)
+    ids = [
+        torch.randint(0, min(target.vocab_size, 30000), (24,), generator=g).tolist() * 3
+        for _ in range(prompts)
+    ]
+    exit_layers = max(1, target.num_layers * 3 // 4)
+    drafters = {
+        "ngram@chain:3": build_drafter("ngram", target, chain(3)),
+        f"self:layers={exit_layers}@chain:2": build_drafter(f"self:layers={exit_layers}", target, chain(2)),
+    }
+
+    def run(name, static):
+        if name == "plain":
+            return generate_plain(target, ids, SamplingParams(), new_tokens, static=static)
+        return generate_speculative(target, drafters[name], ids, SamplingParams(), new_tokens, static=static)
+
+    names = ["plain", *drafters]
+    walls = {(n, s): [] for n in names for s in (False, True)}
+    forwards = {}
+    for key in walls:  # warm-up (and graph capture)
+        run(*key)
+    for _ in range(repeats):
+        for key in walls:
+            _sync(target.device)
+            start = time.perf_counter()
+            results = run(*key)
+            _sync(target.device)
+            walls[key].append(time.perf_counter() - start)
+            forwards[key] = (sum(r.new_tokens for r in results), sum(r.target_forwards for r in results))
+    base = statistics.median(walls[("plain", False)])
+    rows = []
+    for (name, static), times in walls.items():
+        tokens, target_forwards = forwards[(name, static)]
+        wall = statistics.median(times)
+        speedup, tau = base / wall, tokens / target_forwards
+        rows.append({"method": name + ("+graphs" if static else ""), "tokens_per_s": round(tokens / wall, 2),
+                     "speedup_vs_eager_plain": round(speedup, 3), "tau": round(tau, 3),
+                     "efficiency": round(speedup / tau, 3)})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -188,15 +241,23 @@ def main() -> None:
         embedded = random_target(SMOLLM2, args.device, dtype, StubTokenizer())
         args.head = None  # a trained head needs the real target
     big = random_target(SMALL if args.small else LLAMA_8B, args.device, dtype, embedded.tokenizer)
+
+    def save() -> None:  # after every section: a timeout keeps what was measured
+        out.write_text(json.dumps(result, indent=1))
+
     result["plain"] = [
         plain_vs_roofline(t, result["machine"], 128, 32 if args.small else 256) for t in (embedded, big)
     ]
+    save()
     nodes = [1, 2, 4, 8] if args.small else [1, 2, 4, 8, 16, 32, 64, 96, 128]
     result["verify_8b_shape"] = verify_curve(big, nodes)
+    save()
+    result["efficiency_8b_shape"] = runtime_efficiency(big)  # no head needed: random weights are fine
+    save()
     if args.head:
         del big
         result["end_to_end"] = end_to_end(embedded, args.head, out.parent)
-    out.write_text(json.dumps(result, indent=1))
+        save()
     print_table(result)
 
 
@@ -223,6 +284,11 @@ def print_table(r: dict) -> None:
             f"| {n} | {ms} | {v['x_one'][n]} | {v['ms_graphs'][n]} | {v['x_one_graphs'][n]} "
             f"| {v['ms_graphs_kernel_attention'][n]} |"
         )
+    print("\n| 8B shape, batch 1 | tok/s | speedup vs eager plain | tau | efficiency (goal >= 0.8) |")
+    print("|---|---:|---:|---:|---:|")
+    for row in r["efficiency_8b_shape"]:
+        print(f"| {row['method']} | {row['tokens_per_s']} | {row['speedup_vs_eager_plain']} | {row['tau']} "
+              f"| {row['efficiency']} |")  # fmt: skip
     for row in r.get("end_to_end", []):
         print(
             f"{row['method']} b={row['batch_size']}: {row['tokens_per_s']} tok/s, "
