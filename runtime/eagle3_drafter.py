@@ -68,12 +68,14 @@ class Eagle3Drafter(LMDrafter):
 
     @torch.inference_mode()
     def _forward_level(
-        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, root_pos: list[int]
+        self,
+        rows: list[_Candidates],
+        frontier: list[list[int]],
+        depth: int,
+        root_pos: list[int],
+        ids: torch.Tensor | None = None,  # [B, F] on the device (chains drafted there)
     ):
-        device = self.model.device
-        ids = torch.tensor(
-            [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
-        )
+        ids, positions, mask = self._level_inputs(rows, frontier, depth, ids)
         parent_out = [
             torch.stack(
                 [
@@ -83,15 +85,7 @@ class Eagle3Drafter(LMDrafter):
             )
             for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True))
         ]
-        mask = self._level_mask(rows, frontier)
-        positions = torch.tensor(root_pos)[:, None] + depth + torch.zeros(ids.shape[1], dtype=torch.long)
-        h = self.head(
-            self.model.embed(ids.to(device)),
-            torch.stack(parent_out),  # [B, F, H]
-            positions.to(device),
-            self.cache,
-            tree_mask=mask.to(device),
-        )
+        h = self.head(self.model.embed(ids), torch.stack(parent_out), positions, self.cache, tree_mask=mask)
         self.forwards += 1
         feature = self.head.next_feature(h)  # [B, F, H]
         for b, nodes in enumerate(frontier):

@@ -61,7 +61,14 @@ class _Candidates:
         return out
 
 
+def is_chain(tree: TreeSpec) -> bool:
+    """A static tree with one child per node and at least one drafted token."""
+    return isinstance(tree, Tree) and tree.size > 1 and tree.parents == tuple(range(-1, tree.size - 1))
+
+
 class LMDrafter(Drafter):
+    device_chains = True  # chains take `_grow_chain` (subclasses whose levels need more say False)
+
     def __init__(self, model: Target, tree: TreeSpec, num_layers: int | None = None, children: str = "auto"):
         super().__init__()
         if children not in CHILDREN_MODES:
@@ -90,9 +97,12 @@ class LMDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]]) -> list[Draft]:
         root_logits, root_pos = self._forward_pending(contexts)
+        self.root_positions = torch.tensor(root_pos, device=self.model.device)[:, None]  # [B, 1]
         rows = [_Candidates([-1], [ctx[-1]], [0.0], [None]) for ctx in contexts]
         if isinstance(self.tree, DynamicTree):
             return self._grow_dynamic(rows, root_logits, root_pos)
+        if self.device_chains and is_chain(self.tree):
+            return self._grow_chain(rows, root_logits, root_pos)
         return self._grow_static(rows, root_logits, root_pos)
 
     def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
@@ -139,6 +149,37 @@ class LMDrafter(Drafter):
             self._add_children(rows, parents, [len(kids[n]) for n in frontier], logits)
         self.columns = []
         return [self._draft(tree, row, [order[n] for n in range(tree.size)]) for row in rows]
+
+    def _grow_chain(self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]) -> list[Draft]:
+        """A chain: each level's token stays on the device and feeds the next level directly (its mask is
+        all True and its positions come from a device tensor), so the cycle moves tokens to the host
+        once, at the end, instead of once per drafted level."""
+        picks, laws = [], []
+        for depth in range(self.tree.size - 1):
+            if depth > 0:  # forward the node drafted at the previous depth (candidate id = depth)
+                frontier = [[depth]] * len(rows)
+                logits = self._forward_level(rows, frontier, depth, root_pos, ids=picks[-1][:, None])[:, 0]
+            token, q = self._pick_on_device(logits)  # [B], and [B, V] when sampling
+            picks.append(token)
+            laws.append(q)
+            for row in rows:
+                row.add(depth, -1)  # candidate depth + 1; its token is filled in below
+        tokens = torch.stack(picks, dim=1).tolist()  # [B, K]: the cycle's one host transfer
+        for b, row in enumerate(rows):
+            row.tokens[1:] = tokens[b]
+            if self.sample:
+                row.probs[1:] = [q[b] for q in laws]
+        self.columns = []
+        return [self._draft(self.tree, row, list(range(self.tree.size))) for row in rows]
+
+    def _pick_on_device(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits [B, V] -> one token per row [B] on the device: the argmax (first on ties), or a draw
+        from q = the processed distribution with the row's generator (q is returned for the verifier)."""
+        if not self.sample:
+            return logits.argmax(dim=-1), None
+        q = logits_to_probs(logits, self.params)  # [B, V]
+        draws = [torch.multinomial(q[b], 1, generator=g) for b, g in enumerate(self.generators)]
+        return torch.cat(draws), q
 
     def _grow_dynamic(
         self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]
@@ -203,40 +244,56 @@ class LMDrafter(Drafter):
                 created[b] += [row.add(node, indices[b][j][i], base + values[b][j][i]) for i in range(count)]
         return created
 
+    def _assign_columns(self, rows: list[_Candidates], frontier: list[list[int]]) -> int:
+        """Give the frontier's nodes the next slots among this cycle's forwards -> slots used before."""
+        done = len(rows[0].column)
+        for row, nodes in zip(rows, frontier, strict=True):
+            for j, node in enumerate(nodes):
+                row.column[node] = done + j
+        return done
+
     def _level_mask(self, rows: list[_Candidates], frontier: list[list[int]]) -> torch.Tensor:
         """[B, F, W] over this cycle's slots (pending tokens, then nodes forwarded so far, then the new
         frontier): a node sees the committed context, its forwarded ancestors and itself."""
-        batch, width, done = len(rows), max(self.pending_counts), len(rows[0].column)
-        count = len(frontier[0])
+        batch, width, count = len(rows), max(self.pending_counts), len(frontier[0])
+        done = self._assign_columns(rows, frontier)
         mask = torch.zeros(batch, count, width + done + count, dtype=torch.bool)  # [B, F, W]
         mask[:, :, :width] = True  # the committed context (padding is removed by the cache's valid mask)
         for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True)):
-            for j, node in enumerate(nodes):
-                row.column[node] = done + j
             for j, node in enumerate(nodes):
                 for anc in row.ancestors(node):
                     mask[b, j, width + row.column[anc]] = True
         return mask
 
+    def _level_inputs(
+        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids [B, F], positions [B, F], tree mask [B, F, W]) on the device for one level. With `ids`
+        given (a chain drafted on the device) nothing is built on the host: in a chain every node this
+        cycle forwarded is an ancestor, so the mask is all True."""
+        device = self.model.device
+        if ids is None:
+            ids = torch.tensor(
+                [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
+            )
+            ids, mask = ids.to(device), self._level_mask(rows, frontier).to(device)
+        else:
+            width = max(self.pending_counts) + self._assign_columns(rows, frontier) + ids.shape[1]
+            mask = torch.ones(len(rows), ids.shape[1], width, dtype=torch.bool, device=device)
+        positions = (self.root_positions + depth).expand(-1, ids.shape[1])  # [B, F]
+        return ids, positions, mask
+
     def _forward_level(
-        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, root_pos: list[int]
+        self,
+        rows: list[_Candidates],
+        frontier: list[list[int]],
+        depth: int,
+        root_pos: list[int],
+        ids: torch.Tensor | None = None,  # [B, F] on the device (chains drafted there)
     ):
         """Forward this depth's frontier (the same count in every row) -> logits [B, F, V]."""
-        ids = torch.tensor(
-            [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
-        )
-        mask = self._level_mask(rows, frontier)
-        positions = (
-            torch.tensor(root_pos)[:, None] + depth + torch.zeros(ids.shape[1], dtype=torch.long)
-        )  # [B, F]
-        device = self.model.device
-        out = self.model.forward(
-            ids.to(device),
-            self.cache,
-            positions.to(device),
-            tree_mask=mask.to(device),
-            num_layers=self.num_layers,
-        )
+        ids, positions, mask = self._level_inputs(rows, frontier, depth, ids)
+        out = self.model.forward(ids, self.cache, positions, tree_mask=mask, num_layers=self.num_layers)
         self.forwards += 1
         return self._logits(out.hidden)
 

@@ -28,6 +28,8 @@ from draftsmith.runtime.tree import TreeSpec
 
 
 class MtpDrafter(LMDrafter):
+    device_chains = False  # its levels run different modules with their own masks (_forward_level)
+
     def __init__(
         self, head: MtpHead, target: Target, tree: TreeSpec, recursive: bool = False, children: str = "auto"
     ):

@@ -119,3 +119,31 @@ def test_cli_loads_a_head_folder(tiny_dir, tmp_path, capsys):
     assert row["token_ids"] == plain["token_ids"] and row["draft_forwards"] > 0
     assert main([*argv, "--draft", f"eagle3:{tmp_path}"]) == 2  # not a head folder
     assert "eagle3 head" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0)], ids=["greedy", "sampled"])
+def test_chains_move_tokens_to_the_host_once_per_cycle(target, head, params, monkeypatch):
+    """A chain of 4 is drafted on the device (one `tolist` per proposal, not one per level); a branching
+    tree still needs its tokens on the host level by level (its masks and scores are built there)."""
+    from draftsmith.runtime.lm_drafter import LMDrafter
+    from draftsmith.runtime.sampling import make_generators
+
+    layers = tuple(head.config.aux_layer_ids)
+    prompts = PROMPTS[:3]
+    _, _, features = prefill_features(target, prompts, 8, layers)
+    calls = []
+    real = torch.Tensor.tolist
+    for make, spec in [
+        (lambda t: Eagle3Drafter(head, target, t), "chain:4"),
+        (lambda t: LMDrafter(target, t, num_layers=1), "chain:4"),
+        (lambda t: LMDrafter(target, t, num_layers=1), "static:binary-3"),
+    ]:
+        drafter = make(parse_tree_spec(spec))
+        gens = None if params.greedy else make_generators(0, [0, 1, 2])
+        drafter.start(prompts, params, gens, features)
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or real(self))
+        drafts = drafter.propose([p + [7] for p in prompts])
+        monkeypatch.setattr(torch.Tensor, "tolist", real)
+        assert all(len(d.tokens) == d.tree.size and min(d.tokens) >= 0 for d in drafts)
+        assert (len(calls) == 1) == spec.startswith("chain"), (spec, len(calls))
+        calls.clear()
