@@ -12,6 +12,9 @@ One cycle, for every row of the batch at once:
      deepest level are never forwarded: nobody needs their logits.
   3. `commit` gathers the cache slots of the accepted path (KVCache.compact) and drops the rest; an
      accepted node that was never forwarded is simply forwarded next cycle with the bonus token.
+A chain is drafted on the device (`_grow_chain`): each level's token feeds the next level directly, so
+the cycle moves tokens to the host once; other trees bring each level's tokens to the host, where their
+masks and scores are built, with one transfer per level (`_add_children`).
 
 Children: a static tree with siblings, and every dynamic tree (EAGLE-2, Li et al. 2024: expand the
 `topk` best frontier nodes by cumulative log-probability, keep the best `tokens` nodes at the end), take
