@@ -14,7 +14,8 @@ One cycle, for every row of the batch at once:
      accepted node that was never forwarded is simply forwarded next cycle with the bonus token.
 A chain is drafted on the device (`_grow_chain`): each level's token feeds the next level directly, so
 the cycle moves tokens to the host once; other trees bring each level's tokens to the host, where their
-masks and scores are built, with one transfer per level (`_add_children`).
+masks and scores are built, with one transfer per level (`_add_children`). Subclasses (EAGLE-3, MTP)
+take `ids` in `_forward_level` for that.
 
 Children: a static tree with siblings, and every dynamic tree (EAGLE-2, Li et al. 2024: expand the
 `topk` best frontier nodes by cumulative log-probability, keep the best `tokens` nodes at the end), take
@@ -70,8 +71,6 @@ def is_chain(tree: TreeSpec) -> bool:
 
 
 class LMDrafter(Drafter):
-    device_chains = True  # chains take `_grow_chain` (subclasses whose levels need more say False)
-
     def __init__(self, model: Target, tree: TreeSpec, num_layers: int | None = None, children: str = "auto"):
         super().__init__()
         if children not in CHILDREN_MODES:
@@ -104,7 +103,7 @@ class LMDrafter(Drafter):
         rows = [_Candidates([-1], [ctx[-1]], [0.0], [None]) for ctx in contexts]
         if isinstance(self.tree, DynamicTree):
             return self._grow_dynamic(rows, root_logits, root_pos)
-        if self.device_chains and is_chain(self.tree):
+        if is_chain(self.tree):
             return self._grow_chain(rows, root_logits, root_pos)
         return self._grow_static(rows, root_logits, root_pos)
 

@@ -28,8 +28,6 @@ from draftsmith.runtime.tree import TreeSpec
 
 
 class MtpDrafter(LMDrafter):
-    device_chains = False  # its levels run different modules with their own masks (_forward_level)
-
     def __init__(
         self, head: MtpHead, target: Target, tree: TreeSpec, recursive: bool = False, children: str = "auto"
     ):
@@ -113,15 +111,23 @@ class MtpDrafter(LMDrafter):
     # ---- draft levels ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def _forward_level(
-        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, root_pos: list[int]
+        self,
+        rows: list[_Candidates],
+        frontier: list[list[int]],
+        depth: int,
+        root_pos: list[int],
+        ids: torch.Tensor | None = None,  # [B, F] on the device (chains drafted there)
     ):
         module = min(depth, len(self.caches) - 1)
         if self.draft_start[module] is None:
             self._catch_up(module, self.contexts)
         device = self.model.device
-        ids = torch.tensor(
-            [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
-        )
+        on_device = ids is not None
+        if ids is None:
+            ids = torch.tensor(
+                [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
+            )
+            ids = ids.to(device)
         feature = torch.stack(
             [
                 torch.stack(
@@ -133,25 +139,28 @@ class MtpDrafter(LMDrafter):
                 for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True))
             ]
         )  # [B, F, H]
-        positions = torch.tensor(root_pos)[:, None] + (depth - module) + torch.zeros_like(ids)  # [B, F]
-        h = self.head(
-            module,
-            self.model.embed(ids.to(device)),
-            feature,
-            positions.to(device),
-            self.caches[module],
-            tree_mask=self._module_mask(module, rows, frontier).to(device),
-        )
+        positions = (self.root_positions + (depth - module)).expand(-1, ids.shape[1])  # [B, F]
+        mask = self._module_mask(module, rows, frontier, on_device)
+        h = self.head(module, self.model.embed(ids), feature, positions, self.caches[module], tree_mask=mask)
         self.forwards += 1
         for b, nodes in enumerate(frontier):
             for j, node in enumerate(nodes):
                 self.hidden[b][node] = h[b, j]
         return self.head.logits(self.model, module, h)
 
-    def _module_mask(self, module: int, rows: list[_Candidates], frontier: list[list[int]]) -> torch.Tensor:
-        """[B, F, D + F] over this module's draft slots: a node sees its ancestors that this module
-        forwarded this cycle (only when recursing) and itself; committed slots come from the cache."""
+    def _module_mask(
+        self, module: int, rows: list[_Candidates], frontier: list[list[int]], chain: bool = False
+    ) -> torch.Tensor:
+        """[B, F, D + F] on the device over this module's draft slots: a node sees its ancestors that this
+        module forwarded this cycle (only when recursing) and itself; committed slots come from the cache.
+        In a chain every node the module forwarded this cycle is an ancestor: all True, built there."""
         done, count = self.drafted[module], len(frontier[0])
+        if chain:
+            for b, nodes in enumerate(frontier):
+                for j, node in enumerate(nodes):
+                    self.node_slot[module][b][node] = done + j
+            self.drafted[module] += count
+            return torch.ones(len(rows), count, done + count, dtype=torch.bool, device=self.model.device)
         mask = torch.zeros(len(rows), count, done + count, dtype=torch.bool)
         for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True)):
             slots = self.node_slot[module][b]
@@ -162,7 +171,7 @@ class MtpDrafter(LMDrafter):
                         mask[b, j, slots[anc]] = True
                 mask[b, j, done + j] = True
         self.drafted[module] += count
-        return mask
+        return mask.to(self.model.device)
 
     def commit(self, accepted: list[list[int]], features=None) -> None:
         for module, cache in enumerate(self.caches):  # drop every draft slot

@@ -123,22 +123,28 @@ def test_cli_loads_a_head_folder(tiny_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0)], ids=["greedy", "sampled"])
 def test_chains_move_tokens_to_the_host_once_per_cycle(target, head, params, monkeypatch):
-    """A chain of 4 is drafted on the device (one `tolist` per proposal, not one per level); a branching
-    tree still needs its tokens on the host level by level (its masks and scores are built there)."""
+    """Chains are drafted on the device (one `tolist` per proposal, not one per level) by the EAGLE-3, LM
+    and MTP drafters (stacked modules and a recursing one); a branching tree still needs its tokens on
+    the host level by level (its masks and scores are built there)."""
     from draftsmith.runtime.lm_drafter import LMDrafter
+    from draftsmith.runtime.mtp import MtpConfig, MtpHead
+    from draftsmith.runtime.mtp_drafter import MtpDrafter
     from draftsmith.runtime.sampling import make_generators
 
-    layers = tuple(head.config.aux_layer_ids)
+    torch.manual_seed(0)
+    mtp2 = MtpHead(MtpConfig.for_target(target, num_modules=2)).eval()
     prompts = PROMPTS[:3]
-    _, _, features = prefill_features(target, prompts, 8, layers)
     calls = []
     real = torch.Tensor.tolist
     for make, spec in [
         (lambda t: Eagle3Drafter(head, target, t), "chain:4"),
         (lambda t: LMDrafter(target, t, num_layers=1), "chain:4"),
+        (lambda t: MtpDrafter(mtp2, target, t), "chain:2"),
+        (lambda t: MtpDrafter(mtp2, target, t, recursive=True), "chain:4"),
         (lambda t: LMDrafter(target, t, num_layers=1), "static:binary-3"),
     ]:
         drafter = make(parse_tree_spec(spec))
+        _, _, features = prefill_features(target, prompts, 8, drafter.capture_layers)
         gens = None if params.greedy else make_generators(0, [0, 1, 2])
         drafter.start(prompts, params, gens, features)
         monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or real(self))
