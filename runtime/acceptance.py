@@ -121,13 +121,14 @@ def updated_residual(residual: torch.Tensor, q: torch.Tensor | None, token: int)
 
 
 def sanitize(dist: torch.Tensor) -> torch.Tensor:
-    """A distribution with no NaN and positive mass: NaN/inf/negative entries become 0, and a row with no
-    mass left becomes uniform (so a broken target row still yields an in-range token, reliability.md A7)."""
-    finite = torch.nan_to_num(dist, nan=0.0, posinf=0.0, neginf=0.0).clamp(min=0)
-    total = finite.sum()
-    if not total > 0:
-        return torch.full_like(dist, 1.0 / dist.shape[-1])
-    return finite / total
+    """Distributions [..., V] with no NaN and positive mass: NaN/inf/negative entries become 0, each row is
+    renormalized, and a row with no mass left becomes uniform (so a broken target row still yields an
+    in-range token, reliability.md A7). The batched engine (batch_accept.py) uses it on [B, N, V]."""
+    out = torch.nan_to_num(dist, nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=0)  # one copy, then in place
+    total = out.sum(dim=-1, keepdim=True)  # [..., 1]
+    empty = total <= 0
+    out.div_(total.masked_fill(empty, 1.0))
+    return out.masked_fill_(empty, 1.0 / dist.shape[-1])
 
 
 def generator_coin(generator: torch.Generator) -> Coin:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith import kernels
-from draftsmith.runtime.acceptance import Verdict
+from draftsmith.runtime.acceptance import Verdict, sanitize
 from draftsmith.runtime.drafting import Draft
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
 
@@ -37,7 +37,7 @@ def accept_batch(
             num, nxt = kernels.chain_accept_greedy(logits[:, : chain_len + 1], tokens[:, 1 : chain_len + 1])
             return verdicts_from(None, num, nxt)
         return verdicts_from(*kernels.tree_accept_greedy(parents, tokens, logits))
-    probs = sanitize_rows(logits_to_probs(logits, params))  # [B, N, V], as plain sampling processes them
+    probs = sanitize(logits_to_probs(logits, params))  # [B, N, V], as plain sampling processes them
     draft_probs = stacked_draft_probs(drafts, tokens, probs.shape)
     coins, draws = uniforms(generators, [d.tree.size for d in drafts], logits.shape[1], logits.device)
     valid_tokens = bool(((tokens >= 0) & (tokens < probs.shape[-1])).all())
@@ -99,16 +99,6 @@ def uniforms(
         u = torch.rand(n + 1, generator=g, device=g.device)
         coins[b, :n], draws[b] = u[:n], u[n]
     return coins, draws
-
-
-def sanitize_rows(probs: torch.Tensor) -> torch.Tensor:
-    """acceptance.sanitize on every row of [..., V]: NaN/inf/negative -> 0, renormalized, and a row with
-    no mass left becomes uniform (a broken target row still yields an in-range token, reliability.md A7)."""
-    out = torch.nan_to_num(probs, nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=0)  # one copy, then in place
-    total = out.sum(dim=-1, keepdim=True)  # [..., 1]
-    empty = total <= 0
-    out.div_(total.masked_fill(empty, 1.0))
-    return out.masked_fill_(empty, 1.0 / probs.shape[-1])
 
 
 def verdicts_from(path: torch.Tensor | None, num: torch.Tensor, nxt: torch.Tensor) -> list[Verdict]:

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from draftsmith.runtime.bench_types import BASELINE_KINDS, BatchOutput, SpecCounters
+from draftsmith.runtime.bench_types import BASELINE_KINDS, BatchOutput, SpecCounters, is_baseline
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.tree import parse_tree_spec
@@ -177,16 +177,11 @@ class HfMethod(Method):
 
 def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int = 2048) -> Method:
     """A method spec (module docstring) -> a ready method (heads loaded, costs measured)."""
-    if spec.endswith(GRAPHS):
-        base = spec.removesuffix(GRAPHS)
-        if base == "plain":
-            return DraftsmithMethod(spec, target, batch_sizes, static=True)
-        draft, at, tree = base.partition("@")
-        if not at or not draft or draft.startswith(("hf", "vllm", "plain", "none")):
-            raise BadInputError("method", spec, f"plain{GRAPHS} or DRAFT@TREE{GRAPHS} (draftsmith's engine)")
-        return build_draft_method(spec, draft, tree, target, batch_sizes, static=True)
-    if spec == "plain":
-        return DraftsmithMethod(spec, target, batch_sizes)
+    base, static = spec.removesuffix(GRAPHS), spec.endswith(GRAPHS)
+    if base == "plain":
+        return DraftsmithMethod(spec, target, batch_sizes, static=static)
+    if static and is_baseline(base):
+        raise BadInputError("method", spec, f"plain{GRAPHS} or DRAFT@TREE{GRAPHS} (draftsmith's engine)")
     if spec in ("hf", "hf-prompt-lookup"):
         return HfMethod(spec, target)
     if spec.startswith("hf-assisted:"):
@@ -204,10 +199,10 @@ def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int =
             if not k:
                 raise BadInputError("method", spec, "vllm-eagle3:DIR or vllm-eagle3:DIR@chain:K")
         return VllmMethod(spec, target, head, k, max(batch_sizes), max_model_len)
-    draft, at, tree = spec.partition("@")
+    draft, at, tree = base.partition("@")
     if not at or not draft or draft in ("plain", "none") or draft.startswith(("hf", "vllm")):
-        raise BadInputError("method", spec, f"one of {', '.join(BASELINE_KINDS)}, or DRAFT@TREE")
-    return build_draft_method(spec, draft, tree, target, batch_sizes)
+        raise BadInputError("method", spec, f"one of {', '.join(BASELINE_KINDS)}, or DRAFT@TREE[{GRAPHS}]")
+    return build_draft_method(spec, draft, tree, target, batch_sizes, static)
 
 
 def build_draft_method(

@@ -37,5 +37,8 @@ def use_kernel_attention(target, on: bool = True) -> None:
     """Switch the target's attention between draftsmith's tree-attention kernel and SDPA."""
     from transformers import AttentionInterface
 
+    from draftsmith.runtime.static_forward import drop_sessions
+
     AttentionInterface.register(NAME, tree_attention_forward)
     target.model.set_attn_implementation(NAME if on else "sdpa")
+    drop_sessions(target)  # graphs captured with the other attention would replay it

@@ -36,11 +36,7 @@ class StaticKVCache(KVCache):
 
     @classmethod
     def for_target(cls, target: Target, batch: int, capacity: int) -> StaticKVCache:
-        cfg = target.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return cls(
-            target.num_layers, batch, cfg.num_key_value_heads, head_dim, capacity, target.dtype, target.device
-        )
+        return target.new_cache(batch, capacity, cache_class=cls)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -192,6 +188,12 @@ class GraphedForward:
 
 
 _SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {shape key: GraphedForward}
+
+
+def drop_sessions(target: Target) -> None:
+    """Forget this target's captured graphs (they replay the kernels chosen at capture, so a change of
+    attention function must not reuse them)."""
+    _SESSIONS.pop(target, None)
 
 
 def static_session(

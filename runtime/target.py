@@ -167,10 +167,13 @@ class Target:
         """Pre-norm hidden [..., H] -> logits [..., V] in float32."""
         return self.lm_head(self.final_norm(hidden)).float()
 
-    def new_cache(self, batch: int, capacity: int, num_layers: int | None = None) -> KVCache:
+    def new_cache(
+        self, batch: int, capacity: int, num_layers: int | None = None, cache_class: type = KVCache
+    ) -> KVCache:
+        """A cache shaped for this target (`cache_class`: KVCache, or StaticKVCache for the graphed path)."""
         cfg = self.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return KVCache(
+        return cache_class(
             num_layers or self.num_layers,
             batch,
             cfg.num_key_value_heads,

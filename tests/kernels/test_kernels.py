@@ -19,6 +19,7 @@ from draftsmith.runtime.acceptance import accept_greedy, accept_sampled
 from draftsmith.runtime.kernel_attention import use_kernel_attention
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.masks import attention_mask
+from draftsmith.runtime.static_forward import _SESSIONS, static_session
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import ancestor_mask, parse_tree_spec
 
@@ -268,7 +269,9 @@ def test_target_forward_with_kernel_attention_equals_sdpa(triton_mode, monkeypat
     calls = []
     real = kernels.tree_attention
     monkeypatch.setattr(kernels, "tree_attention", lambda *a: calls.append(1) or real(*a))
+    static_session(target, 1, 16)  # graphs captured now would replay SDPA: switching must drop them
     use_kernel_attention(target)
+    assert target not in _SESSIONS
     try:
         got = tree_step_logits()
     finally:
