@@ -82,8 +82,9 @@ def add_generate(sub) -> None:
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="the GPU engine path: a preallocated KV cache and one CUDA graph per (batch, tokens) shape for "
-        "the target's forwards (on a CPU the same static path runs without graphs)",
+        help="the GPU engine path: preallocated KV caches and one CUDA graph per (batch, tokens) shape for "
+        "the target's verification and the drafter's steps (on a CPU the same static path runs without "
+        "graphs)",
     )
     p.set_defaults(run=run_generate)
 

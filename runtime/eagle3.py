@@ -231,11 +231,11 @@ class Eagle3Head(nn.Module):
             aux = self.input_norm(aux)
         return self.fc(aux)
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, cache_class: type[KVCache] = KVCache) -> KVCache:
         attn = self.midlayer.self_attn
         weight = self.fc.weight
         layers = self.config.num_layers
-        return KVCache(layers, batch, attn.kv_heads, attn.head_dim, capacity, weight.dtype, weight.device)
+        return cache_class(layers, batch, attn.kv_heads, attn.head_dim, capacity, weight.dtype, weight.device)
 
     def forward(
         self,
@@ -247,7 +247,6 @@ class Eagle3Head(nn.Module):
         tree_mask: torch.Tensor | None = None,  # [B?, T, W] over the last W cache slots (masks.py)
     ) -> torch.Tensor:
         """-> the last layer's output [B, T, H], pre-norm (`next_feature(h)` is the next step's feature)."""
-        layer = self.midlayer
         mask = None
         if cache is not None:
             batch, new = embeds.shape[:2]
@@ -258,6 +257,21 @@ class Eagle3Head(nn.Module):
             )
             cache.reserve(new, valid)
             mask = attention_mask(cache.valid[:, : cache.length + new], new, tree_mask)  # [B, 1, T, S]
+        h = self.run_layers(embeds, feature, position_ids, cache, mask)
+        if cache is not None:
+            cache.commit()
+        return h
+
+    def run_layers(
+        self,
+        embeds: torch.Tensor,  # [B, T, H]
+        feature: torch.Tensor,  # [B, T, H]
+        position_ids: torch.Tensor,  # [B, T]
+        cache: KVCache | None,
+        mask: torch.Tensor | None,  # [B, 1, T, S] True = may attend; None = causal over the new tokens
+    ) -> torch.Tensor:
+        """The layer stack on a prepared mask -> [B, T, H] (the static draft path calls this directly)."""
+        layer = self.midlayer
         rope = self.rotary(feature, position_ids=position_ids)
         normed = layer.hidden_norm(feature)
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)  # [B, T, 2H]
@@ -266,8 +280,6 @@ class Eagle3Head(nn.Module):
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         for extra in self.layers.values():
             h = extra(h, rope, cache, mask)
-        if cache is not None:
-            cache.commit()
         return h
 
     def next_feature(self, h: torch.Tensor) -> torch.Tensor:

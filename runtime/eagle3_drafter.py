@@ -12,6 +12,8 @@ nodes (the same forward; no second target pass). Each cycle the drafter:
      features past the committed prefix, as in training-time test);
   3. on commit, drops every tree slot from its cache: the accepted tokens come back next cycle paired
      with the target's real features, which is what the head was trained on.
+On the engine's static path (`static_slots` set) steps 1 and 2 run on a static cache as CUDA graphs
+(runtime/static_draft.py); the tokens, masks and results are the same.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from draftsmith.runtime.drafting import Drafter
 from draftsmith.runtime.eagle3 import Eagle3Head
 from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates
+from draftsmith.runtime.static_draft import causal, eagle3_steps
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import TreeSpec
 
@@ -37,7 +40,12 @@ class Eagle3Drafter(LMDrafter):
         if features is None or len(features) != len(prompts):
             raise ValueError("the EAGLE-3 drafter needs the target's prompt features (capture_layers)")
         self.sample = self.samples_children(params)
-        self.cache = self.head.new_cache(len(prompts), self.capacity(prompts))
+        self.steps = None
+        if self.static_slots:
+            self.steps = eagle3_steps(self.head, self.model, len(prompts), self.static_slots)
+            self.cache = self.steps.caches["level"]
+        else:
+            self.cache = self.head.new_cache(len(prompts), self.capacity(prompts))
         self.cached = [0] * len(prompts)  # (token, feature) pairs of each row already in the cache
         self.features = list(features)  # per row [n, A*H]: target features not consumed yet
 
@@ -55,15 +63,21 @@ class Eagle3Drafter(LMDrafter):
             feats[b, :n] = self.features[b]
             valid[b, :n] = True
         positions = torch.tensor(self.cached)[:, None] + torch.arange(width)  # [B, Wp]
+        last = torch.tensor(counts, device=device) - 1
+        self.forwards += 1
+        self.hidden = [{} for _ in contexts]  # per row: candidate -> its children's feature
+        root_pos = [seen + n - 1 for seen, n in zip(self.cached, counts, strict=True)]
+        if self.steps is not None:
+            args = (ids.to(device), feats, positions.to(device), last)
+            mask = causal(batch, width, device)
+            feature, root_logits = self.steps("pending", *args, valid=valid.to(device), tree_mask=mask)
+            self.root_hidden = feature.clone()  # read by the levels after later replays
+            return root_logits, root_pos
         with torch.inference_mode():
             embeds = self.model.embed(ids.to(device))
             h = self.head(embeds, self.head.fuse(feats), positions.to(device), self.cache, valid.to(device))
-        self.forwards += 1
-        last = torch.tensor(counts, device=device) - 1
         root_out = h[torch.arange(batch, device=device), last]  # [B, H]
         self.root_hidden = self.head.next_feature(root_out)  # the root's children read it
-        self.hidden = [{} for _ in contexts]  # per row: candidate -> its children's feature
-        root_pos = [seen + n - 1 for seen, n in zip(self.cached, counts, strict=True)]
         return self.head.target_logits(root_out), root_pos
 
     @torch.inference_mode()
@@ -75,6 +89,7 @@ class Eagle3Drafter(LMDrafter):
         root_pos: list[int],
         ids: torch.Tensor | None = None,  # [B, F] on the device (chains drafted there)
     ):
+        on_device = ids is not None  # a chain: all earlier slots are ancestors
         ids, positions, mask = self._level_inputs(rows, frontier, depth, ids)
         parent_out = [
             torch.stack(
@@ -85,13 +100,24 @@ class Eagle3Drafter(LMDrafter):
             )
             for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True))
         ]
-        h = self.head(self.model.embed(ids), torch.stack(parent_out), positions, self.cache, tree_mask=mask)
         self.forwards += 1
-        feature = self.head.next_feature(h)  # [B, F, H]
+        if self.steps is not None:
+            if on_device:  # one [B, F, F] shape for every level: earlier valid slots are seen anyway
+                mask = mask[..., -ids.shape[1] :]
+            ones = torch.ones_like(ids, dtype=torch.bool)
+            feature, logits = self.steps(
+                "level", ids, torch.stack(parent_out), positions, valid=ones, tree_mask=mask
+            )
+            feature = feature.clone()  # children read it after later replays
+        else:
+            h = self.head(
+                self.model.embed(ids), torch.stack(parent_out), positions, self.cache, tree_mask=mask
+            )
+            feature, logits = self.head.next_feature(h), self.head.target_logits(h)  # [B, F, H], [B, F, V]
         for b, nodes in enumerate(frontier):
             for j, node in enumerate(nodes):
                 self.hidden[b][node] = feature[b, j]
-        return self.head.target_logits(h)
+        return logits
 
     def commit(self, accepted: list[list[int]], features=None) -> None:
         # Keep the pairs forwarded from real target features; the tree's slots used draft features.

@@ -34,6 +34,7 @@ import torch
 from draftsmith.runtime.drafting import Draft, Drafter
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
+from draftsmith.runtime.static_draft import causal, lm_steps
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import DynamicTree, Tree, TreeSpec, best_subtree
 
@@ -81,7 +82,12 @@ class LMDrafter(Drafter):
 
     def start(self, prompts, params: SamplingParams, generators, features=None) -> None:
         super().start(prompts, params, generators, features)
-        self.cache = self.model.new_cache(len(prompts), self.capacity(prompts), self.num_layers)
+        self.steps = None
+        if self.static_slots:  # the engine's static path: a static cache and graphed steps
+            self.steps = lm_steps(self.model, self.num_layers, len(prompts), self.static_slots)
+            self.cache = self.steps.caches[0]
+        else:
+            self.cache = self.model.new_cache(len(prompts), self.capacity(prompts), self.num_layers)
         self.cached = [0] * len(prompts)  # committed tokens of each row already in the cache
         self.sample = self.samples_children(params)
 
@@ -119,16 +125,18 @@ class LMDrafter(Drafter):
             valid[row, : len(tokens)] = True
         positions = torch.tensor(self.cached)[:, None] + torch.arange(width)  # [B, Wp]
         device = self.model.device
-        out = self.model.forward(
-            ids.to(device),
-            self.cache,
-            positions.to(device),
-            token_valid=valid.to(device),
-            num_layers=self.num_layers,
-        )
+        ids, positions, valid = ids.to(device), positions.to(device), valid.to(device)
+        if self.steps is not None:
+            mask = causal(len(pending), width, device)
+            hidden = self.steps(0, ids, positions, valid=valid, tree_mask=mask)
+        else:
+            out = self.model.forward(
+                ids, self.cache, positions, token_valid=valid, num_layers=self.num_layers
+            )
+            hidden = out.hidden
         self.forwards += 1
         last = torch.tensor(self.pending_counts, device=device) - 1
-        root_logits = self._logits(out.hidden[torch.arange(len(pending), device=device), last])  # [B, V]
+        root_logits = self._logits(hidden[torch.arange(len(pending), device=device), last])  # [B, V]
         root_pos = [seen + n - 1 for seen, n in zip(self.cached, self.pending_counts, strict=True)]
         return root_logits, root_pos
 
@@ -294,9 +302,15 @@ class LMDrafter(Drafter):
         ids: torch.Tensor | None = None,  # [B, F] on the device (chains drafted there)
     ):
         """Forward this depth's frontier (the same count in every row) -> logits [B, F, V]."""
+        on_device = ids is not None  # a chain: all earlier slots are ancestors
         ids, positions, mask = self._level_inputs(rows, frontier, depth, ids)
-        out = self.model.forward(ids, self.cache, positions, tree_mask=mask, num_layers=self.num_layers)
         self.forwards += 1
+        if self.steps is not None:
+            if on_device:  # one [B, F, F] shape for every level: earlier valid slots are seen anyway
+                mask = mask[..., -ids.shape[1] :]
+            ones = torch.ones_like(ids, dtype=torch.bool)
+            return self._logits(self.steps(0, ids, positions, valid=ones, tree_mask=mask))
+        out = self.model.forward(ids, self.cache, positions, tree_mask=mask, num_layers=self.num_layers)
         return self._logits(out.hidden)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -157,10 +157,10 @@ class MtpHead(nn.Module):
                 layer.load_state_dict(last, strict=False)
                 layer.shared_head.norm.weight.copy_(target.decoder.norm.weight)
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, cache_class: type[KVCache] = KVCache) -> KVCache:
         attn, weight = self.layers[0].self_attn, self.layers[0].eh_proj.weight
         kv_heads = self.config.layer.get("num_key_value_heads", self.config.layer["num_attention_heads"])
-        return KVCache(1, batch, kv_heads, attn.head_dim, capacity, weight.dtype, weight.device)
+        return cache_class(1, batch, kv_heads, attn.head_dim, capacity, weight.dtype, weight.device)
 
     def forward(
         self,
@@ -174,7 +174,6 @@ class MtpHead(nn.Module):
         mask: torch.Tensor | None = None,  # without a cache: [T, T] bool (module_mask) or None = causal
     ) -> torch.Tensor:
         """-> h_{m+1} [B, T, H] (pre-norm: the next module's feature; `logits` gives predictions)."""
-        layer = self.layers[module]
         if cache is not None:
             batch, new = embeds.shape[:2]
             if token_valid is None:
@@ -183,6 +182,22 @@ class MtpHead(nn.Module):
             mask = attention_mask(cache.valid[:, : cache.length + new], new, tree_mask)  # [B, 1, T, S]
         elif mask is not None:
             mask = mask[None, None]
+        h = self.run_module(module, embeds, feature, position_ids, cache, mask)
+        if cache is not None:
+            cache.commit()
+        return h
+
+    def run_module(
+        self,
+        module: int,
+        embeds: torch.Tensor,  # [B, T, H]
+        feature: torch.Tensor,  # [B, T, H]
+        position_ids: torch.Tensor,  # [B, T]
+        cache: KVCache | None,
+        mask: torch.Tensor | None,  # [B?, 1, T, S] True = may attend, or None = causal
+    ) -> torch.Tensor:
+        """Module m on a prepared mask -> [B, T, H] (the static draft path calls this directly)."""
+        layer = self.layers[module]
         if self.config.mask_first_position:
             embeds = embeds.masked_fill(position_ids[..., None] == 0, 0.0)
         x = layer.eh_proj(torch.cat([layer.enorm(embeds), layer.hnorm(feature)], dim=-1))  # [B, T, H]
@@ -194,11 +209,7 @@ class MtpHead(nn.Module):
             position_embeddings=rope,
             **{self._cache_kwarg: cache},
         )
-        if isinstance(h, tuple):  # older transformers return (hidden, ...)
-            h = h[0]
-        if cache is not None:
-            cache.commit()
-        return h
+        return h[0] if isinstance(h, tuple) else h  # older transformers return (hidden, ...)
 
     def logits(self, target, module: int, h: torch.Tensor) -> torch.Tensor:
         """Module m's output [.., H] -> logits [.., V] in float32, through the target's LM head."""

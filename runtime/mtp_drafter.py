@@ -12,7 +12,9 @@ committed positions it has not seen, fed by the outputs module m-1 produced ther
 Past the last module (only with recursion allowed), the last module is applied again one position
 further per depth, its input feature being its own output at the parent, like an EAGLE head; it then
 also sees the slots of its ancestors that it forwarded this cycle. On commit every module drops its
-draft slots: the accepted tokens come back next cycle with the target's real features.
+draft slots: the accepted tokens come back next cycle with the target's real features. On the engine's
+static path (`static_slots` set) every module forward runs on a static cache as a CUDA graph
+(runtime/static_draft.py), with the same tokens, masks and results.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from draftsmith.runtime.drafting import Drafter
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates
 from draftsmith.runtime.mtp import MtpHead
+from draftsmith.runtime.static_draft import causal, mtp_steps
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import TreeSpec
 
@@ -50,7 +53,12 @@ class MtpDrafter(LMDrafter):
             raise ValueError("the MTP drafter needs the target's prompt features (capture_layers)")
         self.sample = self.samples_children(params)
         modules, capacity = self.head.config.num_modules, self.capacity(prompts)
-        self.caches = [self.head.new_cache(len(prompts), capacity) for _ in range(modules)]
+        self.steps = None
+        if self.static_slots:
+            self.steps = mtp_steps(self.head, self.model, len(prompts), self.static_slots)
+            self.caches = [self.steps.caches[m] for m in range(modules)]
+        else:
+            self.caches = [self.head.new_cache(len(prompts), capacity) for _ in range(modules)]
         self.cached = [[0] * len(prompts) for _ in range(modules)]  # positions each module has cached
         # feats[m][b]: module m's input features [k, H] at positions cached[m][b] .. + k - 1
         self.feats = [[self._target_feature(f) for f in features]] + [
@@ -82,9 +90,12 @@ class MtpDrafter(LMDrafter):
             self.feats[module][b] = self.feats[module][b][n:]
             valid[b, :n] = True
         positions = torch.tensor(self.cached[module])[:, None] + torch.arange(width)  # [B, W]
-        h = self.head(
-            module, self.model.embed(ids.to(device)), feats, positions.to(device), cache, valid.to(device)
-        )
+        ids, positions, valid = ids.to(device), positions.to(device), valid.to(device)
+        if self.steps is not None:
+            mask = causal(len(contexts), width, device)
+            h = self.steps(module, ids, feats, positions, valid=valid, tree_mask=mask).clone()
+        else:
+            h = self.head(module, self.model.embed(ids), feats, positions, cache, valid)
         self.forwards += 1
         if module + 1 < len(self.caches):
             for b, n in enumerate(counts):
@@ -141,7 +152,15 @@ class MtpDrafter(LMDrafter):
         )  # [B, F, H]
         positions = (self.root_positions + (depth - module)).expand(-1, ids.shape[1])  # [B, F]
         mask = self._module_mask(module, rows, frontier, on_device)
-        h = self.head(module, self.model.embed(ids), feature, positions, self.caches[module], tree_mask=mask)
+        if self.steps is not None:
+            if on_device:  # one [B, F, F] shape for every level: earlier valid slots are seen anyway
+                mask = mask[..., -ids.shape[1] :]
+            ones = torch.ones_like(ids, dtype=torch.bool)
+            h = self.steps(module, ids, feature, positions, valid=ones, tree_mask=mask).clone()
+        else:
+            h = self.head(
+                module, self.model.embed(ids), feature, positions, self.caches[module], tree_mask=mask
+            )
         self.forwards += 1
         for b, nodes in enumerate(frontier):
             for j, node in enumerate(nodes):

@@ -95,6 +95,9 @@ def speculate_batch(
     for res, tok, row_budget in zip(results, first, budget, strict=True):
         res.ttft_s = ttft
         emit(res, [tok], row_budget, max_new_tokens, eos)
+    # the drafter's own static cache holds at most what the target's does, plus the tree and pairs in flight
+    tree_size = getattr(getattr(drafter, "tree", None), "size", 64)
+    drafter.static_slots = cache.capacity + 2 * (tree_size + 1) if static else None
     drafter.start(prompts, params, draft_generators, features)
     active = list(range(len(prompts)))  # batch row -> result index
     # static batches keep finished rows: they step on root-only drafts, their tokens go to `beyond` so the

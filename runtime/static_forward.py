@@ -66,16 +66,28 @@ class StaticKVCache(KVCache):
 
 def slot_mask(valid: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
     """valid [B, C] bool (already marking the new tokens), slots [T] = start..start+T-1, tree_mask
-    [B, T, T] bool -> [B, 1, T, C] True = may attend. Device ops only (capturable)."""
+    [B, T, W] bool over the last W slots up to the new tokens' end (W >= T; W = T for a target step, more
+    for a drafter's level that also sees this cycle's earlier draft slots) -> [B, 1, T, C] True = may
+    attend. Slots before those W are seen where valid. Device ops only (capturable)."""
     batch, capacity = valid.shape
-    nodes = slots.shape[0]
+    nodes, width = slots.shape[0], tree_mask.shape[-1]
     s = torch.arange(capacity, device=valid.device)  # [C]
-    rel = s - slots[0]  # [C] slot position relative to the first new token
-    in_block = (rel >= 0) & (rel < nodes)
-    block = tree_mask.gather(2, rel.clamp(0, nodes - 1).expand(batch, nodes, capacity))  # [B, T, C]
+    rel = s - (slots[-1] + 1 - width)  # [C] slot position relative to the first slot tree_mask covers
+    in_block = (rel >= 0) & (rel < width)
+    block = tree_mask.gather(2, rel.clamp(0, width - 1).expand(batch, nodes, capacity))  # [B, T, C]
     seen = torch.where(in_block, block, rel < 0) & valid[:, None, :]
     own = s[None, :] == slots[:, None]  # [T, C]: every token sees its own slot
     return (seen | own)[:, None]
+
+
+def write_slots(
+    cache: StaticKVCache, slots: torch.Tensor, token_valid: torch.Tensor, tree_mask: torch.Tensor
+):
+    """Point the cache's writes at `slots` [T], mark which new tokens are real -> the attention mask
+    [B, 1, T, C] (slot_mask). Device ops only."""
+    cache.valid.index_copy_(1, slots, token_valid)
+    cache.slots = slots
+    return slot_mask(cache.valid, slots, tree_mask)
 
 
 def static_forward(
@@ -89,30 +101,68 @@ def static_forward(
     capture_layers: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One target forward with no host values inside -> (logits [B, T, V] float32, aux per capture layer)."""
-    cache.valid.index_copy_(1, slots, token_valid)
-    cache.slots = slots
-    mask = slot_mask(cache.valid, slots, tree_mask)
+    mask = write_slots(cache, slots, token_valid, tree_mask)
     hidden, aux = target.run_layers(input_ids, position_ids, mask, cache, target.num_layers, capture_layers)
     return target.logits(hidden), [aux[i] for i in capture_layers]
 
 
 @dataclass
-class _Shape:
-    """Static input buffers, outputs, and (on CUDA) the captured graph for one (batch, nodes) shape."""
+class _Entry:
+    """Static input buffers, the outputs and (on CUDA) the captured graph of one body and signature."""
 
-    ids: torch.Tensor
-    positions: torch.Tensor
-    valid: torch.Tensor
-    slots: torch.Tensor
-    tree_mask: torch.Tensor
-    logits: torch.Tensor | None = None
-    aux: list[torch.Tensor] | None = None
+    inputs: list[torch.Tensor]
+    outputs: object = None
     graph: torch.cuda.CUDAGraph | None = None
 
 
+class Graphed:
+    """Run named bodies on static copies of their tensor inputs: `graphed("step", x, y)` copies x, y into
+    buffers kept for that name and signature (shapes, dtypes) and runs `bodies["step"](*buffers)`,
+    captured as a CUDA graph on the signature's first call when `graphs` (default: on CUDA), eagerly
+    otherwise (CPU tests run this same path). The outputs are the signature's own buffers: the next call
+    with that signature overwrites them. Every graph shares one memory pool."""
+
+    def __init__(self, bodies: dict, device: torch.device, graphs: bool | None = None):
+        self.bodies, self.device = bodies, device
+        self.graphs = device.type == "cuda" if graphs is None else graphs
+        self.entries: dict[tuple, _Entry] = {}
+        self.pool = None
+
+    @torch.inference_mode()
+    def __call__(self, name: str, *inputs: torch.Tensor):
+        key = (name, *((tuple(x.shape), x.dtype) for x in inputs))
+        entry = self.entries.get(key)
+        if entry is None:
+            buffers = [torch.empty(x.shape, dtype=x.dtype, device=self.device) for x in inputs]
+            entry = self.entries[key] = _Entry(buffers)
+        for buffer, x in zip(entry.inputs, inputs, strict=True):
+            buffer.copy_(x)
+        if not self.graphs:
+            return self.bodies[name](*entry.inputs)
+        if entry.graph is None:
+            self._capture(self.bodies[name], entry)
+        entry.graph.replay()
+        return entry.outputs
+
+    def _capture(self, body, entry: _Entry) -> None:
+        """Warm up on a side stream (cuBLAS/Triton choose their kernels), then capture. The bodies write
+        K/V to the slots their inputs name, and the warm-up writes what the replay will write again, so it
+        changes nothing the replay won't."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                body(*entry.inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            entry.outputs = body(*entry.inputs)
+        self.pool = graph.pool()
+        entry.graph = graph
+
+
 class GraphedForward:
-    """`static_forward` behind static buffers: captured as a CUDA graph per (batch, nodes) shape on its
-    first call when `graphs` (default: on CUDA), run eagerly otherwise (CPU tests run this same path)."""
+    """The target's `static_forward` behind `Graphed`: one graph per (batch, nodes) shape on CUDA."""
 
     def __init__(
         self,
@@ -123,68 +173,30 @@ class GraphedForward:
     ):
         self.target, self.cache, self.capture_layers = target, cache, capture_layers
         cache.graphed = self
-        self.graphs = target.device.type == "cuda" if graphs is None else graphs
-        self.shapes: dict[tuple[int, int], _Shape] = {}
-        self.pool = None  # one memory pool shared by every captured shape
+        self.steps = Graphed({"verify": self._body}, target.device, graphs)
 
-    @torch.inference_mode()
     def __call__(
         self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        token_valid: torch.Tensor,
-        tree_mask: torch.Tensor,
+        input_ids: torch.Tensor,  # [B, T]
+        position_ids: torch.Tensor,  # [B, T]
+        token_valid: torch.Tensor,  # [B, T]
+        tree_mask: torch.Tensor,  # [B, T, T]
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Write the T tokens at slots cache.length.. and return (logits [B, T, V], aux). The returned
         tensors are the shape's output buffers: the next call of the same shape overwrites them."""
-        batch, nodes = input_ids.shape
-        shape = self.shapes.get((batch, nodes)) or self._new_shape(batch, nodes)
         start = self.cache.length
-        shape.ids.copy_(input_ids)
-        shape.positions.copy_(position_ids)
-        shape.valid.copy_(token_valid)
-        shape.slots.copy_(torch.arange(start, start + nodes))
-        shape.tree_mask.copy_(tree_mask)
-        if not self.graphs:
-            shape.logits, shape.aux = self._body(shape)
-        else:
-            if shape.graph is None:
-                self._capture(shape)
-            shape.graph.replay()
-        return shape.logits, shape.aux
+        slots = torch.arange(start, start + input_ids.shape[1])
+        return self.steps("verify", input_ids, position_ids, token_valid, slots, tree_mask)
 
-    def _new_shape(self, batch: int, nodes: int) -> _Shape:
-        device = self.target.device
-        shape = _Shape(
-            ids=torch.zeros(batch, nodes, dtype=torch.long, device=device),
-            positions=torch.zeros(batch, nodes, dtype=torch.long, device=device),
-            valid=torch.zeros(batch, nodes, dtype=torch.bool, device=device),
-            slots=torch.zeros(nodes, dtype=torch.long, device=device),
-            tree_mask=torch.zeros(batch, nodes, nodes, dtype=torch.bool, device=device),
-        )
-        self.shapes[(batch, nodes)] = shape
-        return shape
+    @property
+    def shapes(self) -> set[tuple[int, int]]:
+        """The (batch, nodes) shapes seen so far (each one graph on CUDA)."""
+        return {key[1][0] for key in self.steps.entries}
 
-    def _body(self, shape: _Shape) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _body(self, ids, positions, valid, slots, tree_mask) -> tuple[torch.Tensor, list[torch.Tensor]]:
         return static_forward(
-            self.target, self.cache, shape.ids, shape.positions, shape.valid, shape.slots, shape.tree_mask,
-            self.capture_layers,
-        )  # fmt: skip
-
-    def _capture(self, shape: _Shape) -> None:
-        """Warm up on a side stream (cuBLAS/Triton choose their kernels), then capture. Both runs write
-        the same K/V to the same slots from the same inputs, so they change nothing the replay won't."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._body(shape)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            shape.logits, shape.aux = self._body(shape)
-        self.pool = graph.pool()
-        shape.graph = graph
+            self.target, self.cache, ids, positions, valid, slots, tree_mask, self.capture_layers
+        )
 
 
 _SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {shape key: GraphedForward}

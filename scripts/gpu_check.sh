@@ -21,10 +21,10 @@ export PYTHONPATH=/tmp/draftsmith${PYTHONPATH:+:$PYTHONPATH}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, transformers, accelerate; print('torch', torch.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__)"
 } 2>&1 | tee "$OUT/gpu.txt"
-# the gpu-marked tests (CUDA engine vs transformers, CUDA-graph replays vs eager, bf16 training + EAGLE-3
-# drafting on CUDA)
+# the gpu-marked tests (CUDA engine vs transformers, CUDA-graph replays of verification and draft steps
+# vs eager, bf16 training + EAGLE-3 drafting on CUDA)
 timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu.py \
-  tests/runtime/test_static_forward.py tests/train/test_gpu_train.py \
+  tests/runtime/test_static_forward.py tests/runtime/test_static_draft.py tests/train/test_gpu_train.py \
   2>&1 | tee "$OUT/gpu_tests.log"
 # the CPU trainer suite, on CUDA this time (device auto -> cuda, bf16 autocast); it passed on an H200
 # already (BENCHMARKS.md), so it runs only with GPU_CHECK_TRAINER=1 to leave the 8 minutes to the kernels
