@@ -22,7 +22,7 @@ import torch
 
 from draftsmith.runtime.drafting import Drafter
 from draftsmith.runtime.eagle3 import Eagle3Head
-from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates
+from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates, is_chain
 from draftsmith.runtime.static_draft import causal, eagle3_steps
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import TreeSpec
@@ -87,9 +87,8 @@ class Eagle3Drafter(LMDrafter):
         frontier: list[list[int]],
         depth: int,
         root_pos: list[int],
-        ids: torch.Tensor | None = None,  # [B, F] on the device (chains drafted there)
+        ids: torch.Tensor | None = None,  # [B, F] on the device (static trees are drafted there)
     ):
-        on_device = ids is not None  # a chain: all earlier slots are ancestors
         ids, positions, mask = self._level_inputs(rows, frontier, depth, ids)
         parent_out = [
             torch.stack(
@@ -102,7 +101,7 @@ class Eagle3Drafter(LMDrafter):
         ]
         self.forwards += 1
         if self.steps is not None:
-            if on_device:  # one [B, F, F] shape for every level: earlier valid slots are seen anyway
+            if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
                 mask = mask[..., -ids.shape[1] :]
             ones = torch.ones_like(ids, dtype=torch.bool)
             feature, logits = self.steps(

@@ -12,10 +12,11 @@ One cycle, for every row of the batch at once:
      deepest level are never forwarded: nobody needs their logits.
   3. `commit` gathers the cache slots of the accepted path (KVCache.compact) and drops the rest; an
      accepted node that was never forwarded is simply forwarded next cycle with the bonus token.
-A chain is drafted on the device (`_grow_chain`): each level's token feeds the next level directly, so
-the cycle moves tokens to the host once; other trees bring each level's tokens to the host, where their
-masks and scores are built, with one transfer per level (`_add_children`). Subclasses (EAGLE-3, MTP)
-take `ids` in `_forward_level` for that.
+A static tree (a chain included) is drafted on the device (`_grow_static`): each level's tokens feed the
+next level directly and the masks come from the tree's shape, so the cycle moves tokens to the host
+once; dynamic trees bring each level's tokens to the host, where their scores and masks are built, with
+one transfer per level (`_add_children`). Subclasses (EAGLE-3, MTP) take `ids` in `_forward_level` for
+that.
 
 Children: a static tree with siblings, and every dynamic tree (EAGLE-2, Li et al. 2024: expand the
 `topk` best frontier nodes by cumulative log-probability, keep the best `tokens` nodes at the end), take
@@ -98,8 +99,8 @@ class LMDrafter(Drafter):
         """Sample children from q (chains at temperature > 0, or children="sample" on static trees), or
         take the top-ranked tokens deterministically (greedy, branching static trees, dynamic trees)."""
         tree = self.tree
-        is_chain = isinstance(tree, Tree) and all(len(tree.children(i)) <= 1 for i in range(tree.size))
-        wants_sample = self.children == "sample" or (self.children == "auto" and is_chain)
+        one_child_each = isinstance(tree, Tree) and all(len(tree.children(i)) <= 1 for i in range(tree.size))
+        wants_sample = self.children == "sample" or (self.children == "auto" and one_child_each)
         return wants_sample and isinstance(tree, Tree) and not params.greedy
 
     @torch.inference_mode()
@@ -109,8 +110,6 @@ class LMDrafter(Drafter):
         rows = [_Candidates([-1], [ctx[-1]], [0.0], [None]) for ctx in contexts]
         if isinstance(self.tree, DynamicTree):
             return self._grow_dynamic(rows, root_logits, root_pos)
-        if is_chain(self.tree):
-            return self._grow_chain(rows, root_logits, root_pos)
         return self._grow_static(rows, root_logits, root_pos)
 
     def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
@@ -141,6 +140,9 @@ class LMDrafter(Drafter):
         return root_logits, root_pos
 
     def _grow_static(self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]) -> list[Draft]:
+        """A static tree (a chain included): its shape is known before any token, so each level's tokens
+        stay on the device and feed the next level directly, the masks are built from the shape alone,
+        and the cycle moves tokens to the host once, at the end, instead of once per level."""
         tree = self.tree
         kids = [tree.children(i) for i in range(tree.size)]
         # Nodes in the order their candidates are created: level by level, children in rank order.
@@ -148,48 +150,55 @@ class LMDrafter(Drafter):
         while nxt := [c for n in levels[-1] for c in kids[n]]:
             levels.append(nxt)
         order = {node: i for i, node in enumerate(n for level in levels for n in level)}  # node -> candidate
+        picked: dict[int, torch.Tensor] = {}  # node -> its token [B] on the device
+        laws: dict[int, torch.Tensor] = {}  # node -> the law q [B, V] it was drawn from (sampling)
         logits = logits[:, None]  # [B, F, V]
         for depth, level in enumerate(levels[:-1]):
             frontier = [n for n in level if kids[n]]
             if depth > 0:
-                logits = self._forward_level(
-                    rows, [[order[n] for n in frontier]] * len(rows), depth, root_pos
-                )
-            parents = [[order[n] for n in frontier]] * len(rows)
-            self._add_children(rows, parents, [len(kids[n]) for n in frontier], logits)
+                ids = torch.stack([picked[n] for n in frontier], dim=1)  # [B, F]
+                candidates = [[order[n] for n in frontier]] * len(rows)
+                logits = self._forward_level(rows, candidates, depth, root_pos, ids=ids)
+            tokens, q = self._children_on_device(logits, [len(kids[n]) for n in frontier])
+            children = [c for n in frontier for c in kids[n]]
+            for k, (child, parent) in enumerate(zip(children, (n for n in frontier for _ in kids[n]))):
+                picked[child] = tokens[:, k]
+                if q is not None:
+                    laws[child] = q[:, frontier.index(parent)]
+                for row in rows:
+                    row.add(order[parent], -1)  # candidate order[child]; its token is filled in below
+        drafted = [n for level in levels[1:] for n in level]  # candidates 1.. in order
+        host = torch.stack([picked[n] for n in drafted], dim=1).tolist()  # the cycle's one host transfer
+        for b, row in enumerate(rows):
+            row.tokens[1:] = host[b]
+            if self.sample:
+                row.probs[1:] = [laws[n][b] for n in drafted]
         self.columns = []
         return [self._draft(tree, row, [order[n] for n in range(tree.size)]) for row in rows]
 
-    def _grow_chain(self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]) -> list[Draft]:
-        """A chain: each level's token stays on the device and feeds the next level directly (its mask is
-        all True and its positions come from a device tensor), so the cycle moves tokens to the host
-        once, at the end, instead of once per drafted level."""
-        picks, laws = [], []
-        for depth in range(self.tree.size - 1):
-            if depth > 0:  # forward the node drafted at the previous depth (candidate id = depth)
-                frontier = [[depth]] * len(rows)
-                logits = self._forward_level(rows, frontier, depth, root_pos, ids=picks[-1][:, None])[:, 0]
-            token, q = self._pick_on_device(logits)  # [B], and [B, V] when sampling
-            picks.append(token)
-            laws.append(q)
-            for row in rows:
-                row.add(depth, -1)  # candidate depth + 1; its token is filled in below
-        tokens = torch.stack(picks, dim=1).tolist()  # [B, K]: the cycle's one host transfer
-        for b, row in enumerate(rows):
-            row.tokens[1:] = tokens[b]
-            if self.sample:
-                row.probs[1:] = [q[b] for q in laws]
-        self.columns = []
-        return [self._draft(self.tree, row, list(range(self.tree.size))) for row in rows]
-
-    def _pick_on_device(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits [B, V] -> one token per row [B] on the device: the argmax (first on ties), or a draw
-        from q = the processed distribution with the row's generator (q is returned for the verifier)."""
-        if not self.sample:
+    def _children_on_device(
+        self, logits: torch.Tensor, counts: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits [B, F, V] after each frontier node, counts[j] children of node j -> their tokens
+        [B, sum(counts)] on the device, node by node: the top-ranked (the argmax, first on ties, for one
+        child), or i.i.d. draws from q = the processed distribution with the row's generator (SpecInfer's
+        siblings), q [B, F, V] returned for the verifier."""
+        if self.sample:
+            q = logits_to_probs(logits, self.params)  # [B, F, V]
+            draws = [
+                torch.cat(
+                    [
+                        torch.multinomial(q[b, j], c, replacement=True, generator=g)
+                        for j, c in enumerate(counts)
+                    ]
+                )
+                for b, g in enumerate(self.generators)
+            ]
+            return torch.stack(draws), q
+        if max(counts) == 1:
             return logits.argmax(dim=-1), None
-        q = logits_to_probs(logits, self.params)  # [B, V]
-        draws = [torch.multinomial(q[b], 1, generator=g) for b, g in enumerate(self.generators)]
-        return torch.cat(draws), q
+        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), max(counts), dim=-1).indices  # [B, F, k]
+        return torch.cat([top[:, j, :c] for j, c in enumerate(counts)], dim=1), None
 
     def _grow_dynamic(
         self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]
@@ -278,18 +287,19 @@ class LMDrafter(Drafter):
     def _level_inputs(
         self, rows: list[_Candidates], frontier: list[list[int]], depth: int, ids: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ids [B, F], positions [B, F], tree mask [B, F, W]) on the device for one level. With `ids`
-        given (a chain drafted on the device) nothing is built on the host: in a chain every node this
-        cycle forwarded is an ancestor, so the mask is all True."""
+        """(ids [B, F], positions [B, F], tree mask [B, F, W]) on the device for one level; `ids` are given
+        when the tokens are already there (static trees). A chain's mask is all True (every node this cycle
+        forwarded is an ancestor), built on the device; other masks come from the tree's shape."""
         device = self.model.device
         if ids is None:
             ids = torch.tensor(
                 [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
-            )
-            ids, mask = ids.to(device), self._level_mask(rows, frontier).to(device)
-        else:
+            ).to(device)
+        if is_chain(self.tree):
             width = max(self.pending_counts) + self._assign_columns(rows, frontier) + ids.shape[1]
             mask = torch.ones(len(rows), ids.shape[1], width, dtype=torch.bool, device=device)
+        else:
+            mask = self._level_mask(rows, frontier).to(device)
         positions = (self.root_positions + depth).expand(-1, ids.shape[1])  # [B, F]
         return ids, positions, mask
 
@@ -299,14 +309,13 @@ class LMDrafter(Drafter):
         frontier: list[list[int]],
         depth: int,
         root_pos: list[int],
-        ids: torch.Tensor | None = None,  # [B, F] on the device (chains drafted there)
+        ids: torch.Tensor | None = None,  # [B, F] on the device (static trees are drafted there)
     ):
         """Forward this depth's frontier (the same count in every row) -> logits [B, F, V]."""
-        on_device = ids is not None  # a chain: all earlier slots are ancestors
         ids, positions, mask = self._level_inputs(rows, frontier, depth, ids)
         self.forwards += 1
         if self.steps is not None:
-            if on_device:  # one [B, F, F] shape for every level: earlier valid slots are seen anyway
+            if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
                 mask = mask[..., -ids.shape[1] :]
             ones = torch.ones_like(ids, dtype=torch.bool)
             return self._logits(self.steps(0, ids, positions, valid=ones, tree_mask=mask))

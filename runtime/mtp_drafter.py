@@ -23,7 +23,7 @@ import torch
 
 from draftsmith.runtime.drafting import Drafter
 from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates
+from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates, is_chain
 from draftsmith.runtime.mtp import MtpHead
 from draftsmith.runtime.static_draft import causal, mtp_steps
 from draftsmith.runtime.target import Target
@@ -127,13 +127,12 @@ class MtpDrafter(LMDrafter):
         frontier: list[list[int]],
         depth: int,
         root_pos: list[int],
-        ids: torch.Tensor | None = None,  # [B, F] on the device (chains drafted there)
+        ids: torch.Tensor | None = None,  # [B, F] on the device (static trees are drafted there)
     ):
         module = min(depth, len(self.caches) - 1)
         if self.draft_start[module] is None:
             self._catch_up(module, self.contexts)
         device = self.model.device
-        on_device = ids is not None
         if ids is None:
             ids = torch.tensor(
                 [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
@@ -151,9 +150,9 @@ class MtpDrafter(LMDrafter):
             ]
         )  # [B, F, H]
         positions = (self.root_positions + (depth - module)).expand(-1, ids.shape[1])  # [B, F]
-        mask = self._module_mask(module, rows, frontier, on_device)
+        mask = self._module_mask(module, rows, frontier, is_chain(self.tree))
         if self.steps is not None:
-            if on_device:  # one [B, F, F] shape for every level: earlier valid slots are seen anyway
+            if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
                 mask = mask[..., -ids.shape[1] :]
             ones = torch.ones_like(ids, dtype=torch.bool)
             h = self.steps(module, ids, feature, positions, valid=ones, tree_mask=mask).clone()

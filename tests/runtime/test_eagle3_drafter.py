@@ -122,10 +122,10 @@ def test_cli_loads_a_head_folder(tiny_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0)], ids=["greedy", "sampled"])
-def test_chains_move_tokens_to_the_host_once_per_cycle(target, head, params, monkeypatch):
-    """Chains are drafted on the device (one `tolist` per proposal, not one per level) by the EAGLE-3, LM
-    and MTP drafters (stacked modules and a recursing one); a branching tree still needs its tokens on
-    the host level by level (its masks and scores are built there)."""
+def test_static_trees_move_tokens_to_the_host_once_per_cycle(target, head, params, monkeypatch):
+    """Chains and branching static trees are drafted on the device (one `tolist` per proposal, not one
+    per level) by the EAGLE-3, LM and MTP drafters (stacked modules and a recursing one); a dynamic tree
+    still needs its tokens on the host level by level (its scores and masks are built there)."""
     from draftsmith.runtime.lm_drafter import LMDrafter
     from draftsmith.runtime.mtp import MtpConfig, MtpHead
     from draftsmith.runtime.mtp_drafter import MtpDrafter
@@ -141,7 +141,11 @@ def test_chains_move_tokens_to_the_host_once_per_cycle(target, head, params, mon
         (lambda t: LMDrafter(target, t, num_layers=1), "chain:4"),
         (lambda t: MtpDrafter(mtp2, target, t), "chain:2"),
         (lambda t: MtpDrafter(mtp2, target, t, recursive=True), "chain:4"),
-        (lambda t: LMDrafter(target, t, num_layers=1), "static:binary-3"),
+        (lambda t: Eagle3Drafter(head, target, t), "static:binary-3"),
+        (lambda t: LMDrafter(target, t, num_layers=1), "static:wide-4"),
+        (lambda t: LMDrafter(target, t, num_layers=1, children="sample"), "static:binary-3"),
+        (lambda t: MtpDrafter(mtp2, target, t, recursive=True), "static:binary-3"),
+        (lambda t: LMDrafter(target, t, num_layers=1), "dynamic:depth=3,topk=2,tokens=6"),
     ]:
         drafter = make(parse_tree_spec(spec))
         _, _, features = prefill_features(target, prompts, 8, drafter.capture_layers)
@@ -151,5 +155,5 @@ def test_chains_move_tokens_to_the_host_once_per_cycle(target, head, params, mon
         drafts = drafter.propose([p + [7] for p in prompts])
         monkeypatch.setattr(torch.Tensor, "tolist", real)
         assert all(len(d.tokens) == d.tree.size and min(d.tokens) >= 0 for d in drafts)
-        assert (len(calls) == 1) == spec.startswith("chain"), (spec, len(calls))
+        assert (len(calls) == 1) == (not spec.startswith("dynamic")), (spec, len(calls))
         calls.clear()
