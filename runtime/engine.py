@@ -145,8 +145,9 @@ def prefill_features(
         cache = static_session(target, batch, width + extra, capture_layers).cache
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
         slots = torch.arange(width, device=device)
+        span = cache.span_for(width)  # attend over the prompt's window, not the whole capacity
         logits, aux = static_forward(
-            target, cache, input_ids, positions, valid, slots, causal, capture_layers
+            target, cache, input_ids, positions, valid, slots, causal, capture_layers, span
         )
         cache.advance(width)
         logits = logits[:, -1]

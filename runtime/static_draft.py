@@ -32,28 +32,26 @@ from draftsmith.runtime.static_forward import Graphed, StaticKVCache, write_slot
 
 class StaticSteps:
     """Named steps, each running `run(name, *inputs, cache, mask)` on its static cache at slots
-    cache.length.. (`.caches[name]`; steps may share a cache), graphed per shape."""
+    cache.length.. (`.caches[name]`; steps may share a cache), graphed per shape and attention window
+    (StaticKVCache.span_for)."""
 
     def __init__(self, caches: dict, run: Callable, device: torch.device):
         self.caches, self.run = caches, run
-        self.graphed = Graphed({name: self._body(name) for name in caches}, device)
+        self.graphed = Graphed(self._body, device)
 
     def __call__(self, name, *inputs: torch.Tensor, valid: torch.Tensor, tree_mask: torch.Tensor):
         """valid [B, T] bool marks real tokens; tree_mask [B, T, W] covers the last W slots ending with the
         new ones (W >= T), earlier valid slots are seen (slot_mask)."""
         cache, new = self.caches[name], valid.shape[1]
         slots = torch.arange(cache.length, cache.length + new)  # [T]
-        out = self.graphed(name, *inputs, valid, slots, tree_mask)
+        out = self.graphed((name, cache.span_for(new)), *inputs, valid, slots, tree_mask)
         cache.advance(new)
         return out
 
-    def _body(self, name) -> Callable:
-        def body(*args):
-            *inputs, valid, slots, tree_mask = args
-            cache = self.caches[name]
-            return self.run(name, *inputs, cache, write_slots(cache, slots, valid, tree_mask))
-
-        return body
+    def _body(self, key: tuple, *args):
+        (name, span), (*inputs, valid, slots, tree_mask) = key, args
+        cache = self.caches[name]
+        return self.run(name, *inputs, cache, write_slots(cache, slots, valid, tree_mask, span))
 
     def reset(self) -> StaticSteps:
         for cache in {id(c): c for c in self.caches.values()}.values():

@@ -21,13 +21,17 @@ engines keep finished rows stepping and ignore their outputs), so buffer address
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.target import Target
+
+SPAN_STEP = 256  # attention windows grow in steps of this many slots (StaticKVCache.span_for)
 
 
 class StaticKVCache(KVCache):
@@ -41,13 +45,20 @@ class StaticKVCache(KVCache):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.slots = torch.zeros(0, dtype=torch.long, device=self.valid.device)
+        self.span = self.capacity  # slots the forward in flight attends over (`span_for`)
         self.graphed: GraphedForward | None = None  # the graphed forward over this cache (it sets this)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """key/value [B, Hkv, T, D] -> slots `self.slots`; returns the whole buffers [B, Hkv, C, D]."""
+        """key/value [B, Hkv, T, D] -> slots `self.slots`; returns the first `span` slots [B, Hkv, S, D]."""
         self.keys[layer_idx].index_copy_(2, self.slots, key_states)
         self.values[layer_idx].index_copy_(2, self.slots, value_states)
-        return self.keys[layer_idx], self.values[layer_idx]
+        return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
+
+    def span_for(self, new_tokens: int) -> int:
+        """The window a forward writing `new_tokens` at `length` attends over: the slots in use rounded up
+        to SPAN_STEP. Each window is its own graph (a few per shape), so attention reads about what is
+        used instead of the whole capacity (at batch 8 a full window can cost more than the weights)."""
+        return min(self.capacity, -(-(self.length + new_tokens) // SPAN_STEP) * SPAN_STEP)
 
     def advance(self, tokens: int) -> None:
         """The forward wrote `tokens` slots from `length` on: they are now part of the cache."""
@@ -81,13 +92,17 @@ def slot_mask(valid: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor)
 
 
 def write_slots(
-    cache: StaticKVCache, slots: torch.Tensor, token_valid: torch.Tensor, tree_mask: torch.Tensor
-):
-    """Point the cache's writes at `slots` [T], mark which new tokens are real -> the attention mask
-    [B, 1, T, C] (slot_mask). Device ops only."""
+    cache: StaticKVCache,
+    slots: torch.Tensor,  # [T]
+    token_valid: torch.Tensor,  # [B, T]
+    tree_mask: torch.Tensor,  # [B, T, W]
+    span: int | None = None,  # attend over slots < span (default: the whole capacity)
+) -> torch.Tensor:
+    """Point the cache's writes at `slots`, mark which new tokens are real -> the attention mask
+    [B, 1, T, S] over the first S = span slots (slot_mask). Device ops only."""
     cache.valid.index_copy_(1, slots, token_valid)
-    cache.slots = slots
-    return slot_mask(cache.valid, slots, tree_mask)
+    cache.slots, cache.span = slots, span or cache.capacity
+    return slot_mask(cache.valid[:, : cache.span], slots, tree_mask)
 
 
 def static_forward(
@@ -99,16 +114,17 @@ def static_forward(
     slots: torch.Tensor,  # [T] long: start..start+T-1
     tree_mask: torch.Tensor,  # [B, T, T] bool
     capture_layers: tuple[int, ...] = (),
+    span: int | None = None,  # attend over slots < span (a graph's fixed window; default: all)
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One target forward with no host values inside -> (logits [B, T, V] float32, aux per capture layer)."""
-    mask = write_slots(cache, slots, token_valid, tree_mask)
+    mask = write_slots(cache, slots, token_valid, tree_mask, span)
     hidden, aux = target.run_layers(input_ids, position_ids, mask, cache, target.num_layers, capture_layers)
     return target.logits(hidden), [aux[i] for i in capture_layers]
 
 
 @dataclass
 class _Entry:
-    """Static input buffers, the outputs and (on CUDA) the captured graph of one body and signature."""
+    """Static input buffers, the outputs and (on CUDA) the captured graph of one key and signature."""
 
     inputs: list[torch.Tensor]
     outputs: object = None
@@ -116,35 +132,37 @@ class _Entry:
 
 
 class Graphed:
-    """Run named bodies on static copies of their tensor inputs: `graphed("step", x, y)` copies x, y into
-    buffers kept for that name and signature (shapes, dtypes) and runs `bodies["step"](*buffers)`,
-    captured as a CUDA graph on the signature's first call when `graphs` (default: on CUDA), eagerly
-    otherwise (CPU tests run this same path). The outputs are the signature's own buffers: the next call
-    with that signature overwrites them. Every graph shares one memory pool."""
+    """Run `body(key, *inputs)` on static copies of its tensor inputs: `graphed(key, x, y)` copies x, y
+    into buffers kept for that key (which step, which window: anything hashable the body reads) and
+    signature (shapes, dtypes) and runs `body(key, *buffers)`, captured as a CUDA graph on the first call
+    when `graphs` (default: on CUDA), eagerly otherwise (CPU tests run this same path). The outputs are
+    that entry's own buffers: the next call with its key and signature overwrites them. Every graph shares
+    one memory pool."""
 
-    def __init__(self, bodies: dict, device: torch.device, graphs: bool | None = None):
-        self.bodies, self.device = bodies, device
+    def __init__(self, body: Callable, device: torch.device, graphs: bool | None = None):
+        self.body, self.device = body, device
         self.graphs = device.type == "cuda" if graphs is None else graphs
         self.entries: dict[tuple, _Entry] = {}
         self.pool = None
 
     @torch.inference_mode()
-    def __call__(self, name: str, *inputs: torch.Tensor):
-        key = (name, *((tuple(x.shape), x.dtype) for x in inputs))
-        entry = self.entries.get(key)
+    def __call__(self, key, *inputs: torch.Tensor):
+        signature = (key, *((tuple(x.shape), x.dtype) for x in inputs))
+        entry = self.entries.get(signature)
         if entry is None:
             buffers = [torch.empty(x.shape, dtype=x.dtype, device=self.device) for x in inputs]
-            entry = self.entries[key] = _Entry(buffers)
+            entry = self.entries[signature] = _Entry(buffers)
         for buffer, x in zip(entry.inputs, inputs, strict=True):
             buffer.copy_(x)
+        body = functools.partial(self.body, key)
         if not self.graphs:
-            return self.bodies[name](*entry.inputs)
+            return body(*entry.inputs)
         if entry.graph is None:
-            self._capture(self.bodies[name], entry)
+            self._capture(body, entry)
         entry.graph.replay()
         return entry.outputs
 
-    def _capture(self, body, entry: _Entry) -> None:
+    def _capture(self, body: Callable, entry: _Entry) -> None:
         """Warm up on a side stream (cuBLAS/Triton choose their kernels), then capture. The bodies write
         K/V to the slots their inputs name, and the warm-up writes what the replay will write again, so it
         changes nothing the replay won't."""
@@ -173,7 +191,7 @@ class GraphedForward:
     ):
         self.target, self.cache, self.capture_layers = target, cache, capture_layers
         cache.graphed = self
-        self.steps = Graphed({"verify": self._body}, target.device, graphs)
+        self.steps = Graphed(self._body, target.device, graphs)
 
     def __call__(
         self,
@@ -184,18 +202,19 @@ class GraphedForward:
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Write the T tokens at slots cache.length.. and return (logits [B, T, V], aux). The returned
         tensors are the shape's output buffers: the next call of the same shape overwrites them."""
-        start = self.cache.length
-        slots = torch.arange(start, start + input_ids.shape[1])
-        return self.steps("verify", input_ids, position_ids, token_valid, slots, tree_mask)
+        start, nodes = self.cache.length, input_ids.shape[1]
+        slots = torch.arange(start, start + nodes)
+        span = self.cache.span_for(nodes)
+        return self.steps(span, input_ids, position_ids, token_valid, slots, tree_mask)
 
     @property
     def shapes(self) -> set[tuple[int, int]]:
-        """The (batch, nodes) shapes seen so far (each one graph on CUDA)."""
+        """The (batch, nodes) shapes seen so far (a graph per window of each on CUDA)."""
         return {key[1][0] for key in self.steps.entries}
 
-    def _body(self, ids, positions, valid, slots, tree_mask) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _body(self, span, ids, positions, valid, slots, tree_mask) -> tuple[torch.Tensor, list[torch.Tensor]]:
         return static_forward(
-            self.target, self.cache, ids, positions, valid, slots, tree_mask, self.capture_layers
+            self.target, self.cache, ids, positions, valid, slots, tree_mask, self.capture_layers, span
         )
 
 

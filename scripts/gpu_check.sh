@@ -2,6 +2,7 @@
 # GPU checks for one lease of a CUDA machine (no network): the `gpu`-marked tests and the trainer's tests
 # on CUDA (bf16 autocast). Writes gpu.txt and the test logs under $OUT (default runs/gpu-check).
 #   bash scripts/gpu_check.sh            # from the repository root; carry .whl (datasets, dill, multiprocess)
+#   and, for the end-to-end rows with the trained head, first the two calls of scripts/gpu_carry.py
 # Then the Triton kernels compiled on CUDA against their references, and scripts/gpu_measure.py: bandwidth,
 # matmul rate, plain decode vs roofline eager and on CUDA graphs (embedded target, random Llama-3.1-8B
 # shape), verification cost for 1..128 nodes at 8B shape (eager and graph replays), end-to-end speedup of
@@ -10,9 +11,18 @@ set -uo pipefail
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # packages the machine lacks, carried as wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+WHEELS=$(ls .whl/*.whl .gpu_carry/b/whl/*.whl 2>/dev/null)
+if [ -n "$WHEELS" ]; then  # packages the machine lacks, carried as wheels
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS
   export PYTHONPATH=/tmp/site
+fi
+# the embedded target and the trained head, carried in two calls by scripts/gpu_carry.py (else the end-to-end
+# rows are skipped and the target's shape is measured with random weights)
+TARGET=smollm2-135m
+HEAD=runs/eagle3-smollm2-135m/final
+if [ -f .gpu_carry/b/manifest.json ]; then
+  GGUF=$(python3 scripts/gpu_carry.py join --to /tmp/carry) && TARGET=$GGUF && HEAD=.gpu_carry/b/head
+  echo "carried target: $TARGET (${GGUF:-join failed}), head: $HEAD"
 fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/draftsmith . \
   || { echo "install failed"; exit 1; }
@@ -33,6 +43,6 @@ if [ "${GPU_CHECK_TRAINER:-0}" = 1 ]; then
 fi
 # kernels compiled by Triton on the GPU (not the interpreter), at real shapes
 TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tee "$OUT/kernel_tests.log"
-HEAD=runs/eagle3-smollm2-135m/final
-timeout 330 python3 scripts/gpu_measure.py --out "$OUT/measure.json" $([ -d "$HEAD" ] && echo --head "$HEAD") \
+timeout 330 python3 scripts/gpu_measure.py --out "$OUT/measure.json" --target "$TARGET" \
+  $([ -d "$HEAD" ] && echo --head "$HEAD") \
   2>&1 | tee "$OUT/measure.log"

@@ -222,6 +222,11 @@ def main() -> None:
         "--small", action="store_true", help="tiny random shapes instead of 8B (plumbing check)"
     )
     parser.add_argument("--head", help="an EAGLE-3 head folder for the end-to-end rows")
+    parser.add_argument(
+        "--target",
+        default="smollm2-135m",
+        help="the embedded target: its alias, or its GGUF carried by scripts/gpu_carry.py",
+    )
     parser.add_argument("--out", default="runs/gpu-check/measure.json")
     args = parser.parse_args()
     from draftsmith.runtime.roofline import machine_rates
@@ -234,8 +239,8 @@ def main() -> None:
     result: dict = {"date": time.strftime("%Y-%m-%d"), "platform": platform.platform()}
     result["gpu"] = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     result["machine"] = machine_rates(device, cache=False)
-    try:  # the GPU machine has no network and calls carry 64 MiB: the 98 MB GGUF may not be there
-        embedded = Target.load("smollm2-135m", device=args.device, dtype=str(dtype).removeprefix("torch."))
+    try:  # the GPU machine has no network and calls carry 64 MiB: the GGUF is there only if carried
+        embedded = Target.load(args.target, device=args.device, dtype=str(dtype).removeprefix("torch."))
     except Exception as err:  # noqa: BLE001 - any failure: measure the same shape with random weights
         result["embedded_error"] = f"{type(err).__name__}: {err}"
         embedded = random_target(SMOLLM2, args.device, dtype, StubTokenizer())

@@ -21,6 +21,7 @@ from draftsmith.runtime.static_forward import (
     _SESSIONS,
     GraphedForward,
     StaticKVCache,
+    drop_sessions,
     slot_mask,
     static_forward,
 )
@@ -110,6 +111,22 @@ def test_plain_decoding_on_the_static_path_is_identical(target, plain):
     assert _SESSIONS[target] == sessions and len(sessions) == 1
     [forward] = sessions.values()
     assert forward.cache.capacity == 256 and set(forward.shapes) == {(5, 1)}
+
+
+def test_attention_windows_follow_the_used_slots(target, plain, monkeypatch):
+    """With windows of 8 slots, each step attends over the used slots rounded up (several windows, each
+    its own graph on CUDA), never the whole capacity, and decoding stays identical."""
+    from draftsmith.runtime import static_forward as module
+
+    monkeypatch.setattr(module, "SPAN_STEP", 8)
+    drop_sessions(target)
+    got = generate_plain(target, make_prompts(5), GREEDY, max_new_tokens=20, batch_size=5, static=True)
+    assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+    [forward] = _SESSIONS[target].values()
+    spans = sorted({signature[0] for signature in forward.steps.entries})
+    longest = max(len(p) for p in make_prompts(5)) + 20
+    assert spans[0] < spans[-1] <= -(-longest // 8) * 8 < forward.cache.capacity
+    drop_sessions(target)
 
 
 @pytest.mark.parametrize(
