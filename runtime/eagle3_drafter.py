@@ -7,9 +7,10 @@ aux hidden states of the prompt (prefill) and, after each verification, of the r
 nodes (the same forward; no second target pass). Each cycle the drafter:
   1. forwards the pairs it has not consumed yet: fc(target features) with the embeddings of the tokens
      that follow them; the output at the last pair predicts the root's children;
-  2. grows the tree like every LM drafter (`LMDrafter`: chains, static and dynamic trees, top-k or
-     sampled children), except that a node's feature is its parent's output (the head runs on its own
-     features past the committed prefix, as in training-time test);
+  2. grows the tree on the device like every LM drafter (`LMDrafter`: chains, static and dynamic trees,
+     top-k or sampled children), except that a node's feature is its parent's output (the head runs on
+     its own features past the committed prefix, as in training-time test), gathered from a table of
+     outputs by candidate id;
   3. on commit, drops every tree slot from its cache: the accepted tokens come back next cycle paired
      with the target's real features, which is what the head was trained on.
 On the engine's static path (`static_slots` set) steps 1 and 2 run on a static cache as CUDA graphs
@@ -22,7 +23,7 @@ import torch
 
 from draftsmith.runtime.drafting import Drafter
 from draftsmith.runtime.eagle3 import Eagle3Head
-from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates, is_chain
+from draftsmith.runtime.lm_drafter import Level, LMDrafter, is_chain
 from draftsmith.runtime.static_draft import causal, eagle3_steps
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import TreeSpec
@@ -65,57 +66,42 @@ class Eagle3Drafter(LMDrafter):
         positions = torch.tensor(self.cached)[:, None] + torch.arange(width)  # [B, Wp]
         last = torch.tensor(counts, device=device) - 1
         self.forwards += 1
-        self.hidden = [{} for _ in contexts]  # per row: candidate -> its children's feature
         root_pos = [seen + n - 1 for seen, n in zip(self.cached, counts, strict=True)]
         if self.steps is not None:
             args = (ids.to(device), feats, positions.to(device), last)
             mask = causal(batch, width, device)
             feature, root_logits = self.steps("pending", *args, valid=valid.to(device), tree_mask=mask)
-            self.root_hidden = feature.clone()  # read by the levels after later replays
+            self.root_feature = feature.clone()  # [B, H], read after later replays
             return root_logits, root_pos
         with torch.inference_mode():
             embeds = self.model.embed(ids.to(device))
             h = self.head(embeds, self.head.fuse(feats), positions.to(device), self.cache, valid.to(device))
         root_out = h[torch.arange(batch, device=device), last]  # [B, H]
-        self.root_hidden = self.head.next_feature(root_out)  # the root's children read it
+        self.root_feature = self.head.next_feature(root_out)  # [B, H]: the root's children read it
         return self.head.target_logits(root_out), root_pos
 
     @torch.inference_mode()
-    def _forward_level(
-        self,
-        rows: list[_Candidates],
-        frontier: list[list[int]],
-        depth: int,
-        root_pos: list[int],
-        ids: torch.Tensor | None = None,  # [B, F] on the device (static trees are drafted there)
-    ):
-        ids, positions, mask = self._level_inputs(rows, frontier, depth, ids)
-        parent_out = [
-            torch.stack(
-                [
-                    self.root_hidden[b] if row.parents[n] == 0 else self.hidden[b][row.parents[n]]
-                    for n in nodes
-                ]
-            )
-            for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True))
-        ]
+    def _forward_level(self, level: Level) -> torch.Tensor:
+        """Forward one depth's frontier; each node's feature is its parent's output (training-time
+        test) -> draft logits [B, F, V]. Outputs go to a device table by candidate id for the children."""
+        if level.depth == 1:  # a cycle's first level: the table starts with the root's children's feature
+            self.outputs = self.root_feature.new_zeros(*self.cycle.tokens.shape, self.root_feature.shape[-1])
+            self.outputs[:, 0] = self.root_feature  # [B, N, H]
+        hidden = self.outputs.shape[-1]
+        parent_out = self.outputs.gather(1, level.parents[..., None].expand(-1, -1, hidden))  # [B, F, H]
+        mask = self.cycle.forward_mask("draft", level.nodes, prefix=max(self.pending_counts))
         self.forwards += 1
         if self.steps is not None:
             if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
-                mask = mask[..., -ids.shape[1] :]
-            ones = torch.ones_like(ids, dtype=torch.bool)
-            feature, logits = self.steps(
-                "level", ids, torch.stack(parent_out), positions, valid=ones, tree_mask=mask
-            )
-            feature = feature.clone()  # children read it after later replays
+                mask = mask[..., -level.nodes.shape[1] :]
+            ones = torch.ones_like(level.ids, dtype=torch.bool)
+            args = (level.ids, parent_out, level.positions)
+            feature, logits = self.steps("level", *args, valid=ones, tree_mask=mask)
         else:
-            h = self.head(
-                self.model.embed(ids), torch.stack(parent_out), positions, self.cache, tree_mask=mask
-            )
+            embeds = self.model.embed(level.ids)
+            h = self.head(embeds, parent_out, level.positions, self.cache, tree_mask=mask)
             feature, logits = self.head.next_feature(h), self.head.target_logits(h)  # [B, F, H], [B, F, V]
-        for b, nodes in enumerate(frontier):
-            for j, node in enumerate(nodes):
-                self.hidden[b][node] = feature[b, j]
+        self.outputs.scatter_(1, level.nodes[..., None].expand(-1, -1, hidden), feature)
         return logits
 
     def commit(self, accepted: list[list[int]], features=None) -> None:

@@ -12,11 +12,10 @@ One cycle, for every row of the batch at once:
      deepest level are never forwarded: nobody needs their logits.
   3. `commit` gathers the cache slots of the accepted path (KVCache.compact) and drops the rest; an
      accepted node that was never forwarded is simply forwarded next cycle with the bonus token.
-A static tree (a chain included) is drafted on the device (`_grow_static`): each level's tokens feed the
-next level directly and the masks come from the tree's shape, so the cycle moves tokens to the host
-once; dynamic trees bring each level's tokens to the host, where their scores and masks are built, with
-one transfer per level (`_add_children`). Subclasses (EAGLE-3, MTP) take `ids` in `_forward_level` for
-that.
+Every tree is grown on the device (runtime/draft_tree.py, `CycleTree`): each level's tokens feed the next
+level directly, the masks and parents are gathered from the device's ancestor relation, dynamic trees
+pick their frontier by score there, and the cycle moves tokens to the host once, at its end. Subclasses
+(EAGLE-3, MTP) implement `_forward_level(level)` on the same `Level`.
 
 Children: a static tree with siblings, and every dynamic tree (EAGLE-2, Li et al. 2024: expand the
 `topk` best frontier nodes by cumulative log-probability, keep the best `tokens` nodes at the end), take
@@ -28,10 +27,11 @@ i.i.d. siblings, SpecInfer's rule).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from draftsmith.runtime.draft_tree import CycleTree
 from draftsmith.runtime.drafting import Draft, Drafter
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
@@ -43,28 +43,14 @@ CHILDREN_MODES = ("auto", "topk", "sample")
 
 
 @dataclass
-class _Candidates:
-    """One row's drafted nodes in creation order (node 0 = root)."""
+class Level:
+    """One depth's frontier, on the device: the candidates to forward, their tokens, parents, positions."""
 
-    parents: list[int]
-    tokens: list[int]
-    scores: list[float]  # cumulative draft log-probability (dynamic trees)
-    probs: list[torch.Tensor | None]  # the law each token was drawn from (sampled children)
-    column: dict[int, int] = field(default_factory=dict)  # node -> its slot among this cycle's forwards
-
-    def add(self, parent: int, token: int, score: float = 0.0, q: torch.Tensor | None = None) -> int:
-        self.parents.append(parent)
-        self.tokens.append(token)
-        self.scores.append(score)
-        self.probs.append(q)
-        return len(self.tokens) - 1
-
-    def ancestors(self, node: int) -> list[int]:
-        out = []
-        while node > 0:
-            out.append(node)
-            node = self.parents[node]
-        return out
+    depth: int
+    nodes: torch.Tensor  # [B, F] candidate ids (CycleTree)
+    ids: torch.Tensor  # [B, F] their tokens
+    parents: torch.Tensor  # [B, F] their parents' candidate ids (0 = the root)
+    positions: torch.Tensor  # [B, F]
 
 
 def is_chain(tree: TreeSpec) -> bool:
@@ -106,11 +92,15 @@ class LMDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]]) -> list[Draft]:
         root_logits, root_pos = self._forward_pending(contexts)
-        self.root_positions = torch.tensor(root_pos, device=self.model.device)[:, None]  # [B, 1]
-        rows = [_Candidates([-1], [ctx[-1]], [0.0], [None]) for ctx in contexts]
-        if isinstance(self.tree, DynamicTree):
-            return self._grow_dynamic(rows, root_logits, root_pos)
-        return self._grow_static(rows, root_logits, root_pos)
+        device = self.model.device
+        self.root_positions = torch.tensor(root_pos, device=device)[:, None]  # [B, 1]
+        roots = torch.tensor([ctx[-1] for ctx in contexts], device=device)
+        tree = self.tree
+        if isinstance(tree, DynamicTree):
+            self.cycle = CycleTree(roots, 1 + tree.topk + (tree.depth - 1) * tree.topk**2)
+            return self._grow_dynamic(root_logits)
+        self.cycle = CycleTree(roots, tree.size)
+        return self._grow_static(root_logits)
 
     def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         """Forward the committed tokens not in the cache yet -> root logits [B, V], root positions."""
@@ -139,42 +129,73 @@ class LMDrafter(Drafter):
         root_pos = [seen + n - 1 for seen, n in zip(self.cached, self.pending_counts, strict=True)]
         return root_logits, root_pos
 
-    def _grow_static(self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]) -> list[Draft]:
-        """A static tree (a chain included): its shape is known before any token, so each level's tokens
-        stay on the device and feed the next level directly, the masks are built from the shape alone,
-        and the cycle moves tokens to the host once, at the end, instead of once per level."""
-        tree = self.tree
+    def _grow_static(self, logits: torch.Tensor) -> list[Draft]:
+        """A static tree (a chain included): level by level, children in rank order, so candidate ids
+        follow the tree's level order; the deepest level is never forwarded (nobody needs its logits)."""
+        tree, batch = self.tree, logits.shape[0]
         kids = [tree.children(i) for i in range(tree.size)]
-        # Nodes in the order their candidates are created: level by level, children in rank order.
         levels = [[0]]
         while nxt := [c for n in levels[-1] for c in kids[n]]:
             levels.append(nxt)
         order = {node: i for i, node in enumerate(n for level in levels for n in level)}  # node -> candidate
-        picked: dict[int, torch.Tensor] = {}  # node -> its token [B] on the device
-        laws: dict[int, torch.Tensor] = {}  # node -> the law q [B, V] it was drawn from (sampling)
+        device = self.model.device
+        laws: list[torch.Tensor] = []  # per candidate 1.., the law q [B, V] it was drawn from (sampling)
         logits = logits[:, None]  # [B, F, V]
         for depth, level in enumerate(levels[:-1]):
             frontier = [n for n in level if kids[n]]
+            nodes = torch.tensor([order[n] for n in frontier], device=device).expand(batch, -1)  # [B, F]
             if depth > 0:
-                ids = torch.stack([picked[n] for n in frontier], dim=1)  # [B, F]
-                candidates = [[order[n] for n in frontier]] * len(rows)
-                logits = self._forward_level(rows, candidates, depth, root_pos, ids=ids)
-            tokens, q = self._children_on_device(logits, [len(kids[n]) for n in frontier])
-            children = [c for n in frontier for c in kids[n]]
-            for k, (child, parent) in enumerate(zip(children, (n for n in frontier for _ in kids[n]))):
-                picked[child] = tokens[:, k]
-                if q is not None:
-                    laws[child] = q[:, frontier.index(parent)]
-                for row in rows:
-                    row.add(order[parent], -1)  # candidate order[child]; its token is filled in below
-        drafted = [n for level in levels[1:] for n in level]  # candidates 1.. in order
-        host = torch.stack([picked[n] for n in drafted], dim=1).tolist()  # the cycle's one host transfer
-        for b, row in enumerate(rows):
-            row.tokens[1:] = host[b]
-            if self.sample:
-                row.probs[1:] = [laws[n][b] for n in drafted]
-        self.columns = []
-        return [self._draft(tree, row, [order[n] for n in range(tree.size)]) for row in rows]
+                logits = self._forward_level(self._level(depth, nodes))
+            counts = [len(kids[n]) for n in frontier]
+            tokens, q = self._children_on_device(logits, counts)  # [B, M]
+            parents = nodes.repeat_interleave(torch.tensor(counts, device=device), dim=1)  # [B, M]
+            self.cycle.add(parents, tokens)
+            if q is not None:
+                laws += [q[:, j] for j, c in enumerate(counts) for _ in range(c)]
+        host, self.columns = self.cycle.to_host(), []  # the cycle's one host transfer
+        return [self._draft(tree, host, b, [order[n] for n in range(tree.size)], laws) for b in range(batch)]
+
+    def _grow_dynamic(self, logits: torch.Tensor) -> list[Draft]:
+        """EAGLE-2: expand the `topk` best frontier nodes by cumulative log-probability for `depth` levels,
+        then keep the `tokens` best candidates; the frontier is chosen on the device."""
+        spec: DynamicTree = self.tree
+        batch, device = logits.shape[0], self.model.device
+        frontier = torch.zeros(batch, 1, dtype=torch.long, device=device)  # [B, F]: the root
+        logits = logits[:, None]
+        for depth in range(spec.depth):
+            if depth > 0:
+                logits = self._forward_level(self._level(depth, frontier))
+            top = torch.topk(torch.log_softmax(logits.float(), dim=-1), spec.topk, dim=-1)  # [B, F, k]
+            parents = frontier.repeat_interleave(spec.topk, dim=1)  # [B, F*k]
+            created = self.cycle.add(parents, top.indices.flatten(1), top.values.flatten(1))
+            scores = self.cycle.scores.gather(1, created)
+            best = torch.sort(-scores, dim=1, stable=True).indices[:, : spec.topk]  # ties: earlier first
+            frontier = created.gather(1, best)
+        host, self.columns = self.cycle.to_host(), []  # the cycle's one host transfer
+        drafts = []
+        for b in range(batch):
+            tree, kept = best_subtree(host[1][b], host[2][b], spec.tokens)
+            drafts.append(self._draft(tree, host, b, kept, []))
+        return drafts
+
+    def _level(self, depth: int, nodes: torch.Tensor) -> Level:
+        """The frontier nodes [B, F] (candidate ids) as a Level: tokens, parents and positions gathered on
+        the device."""
+        cycle = self.cycle
+        positions = (self.root_positions + depth).expand(-1, nodes.shape[1])  # [B, F]
+        return Level(depth, nodes, cycle.tokens.gather(1, nodes), cycle.parents.gather(1, nodes), positions)
+
+    def _draft(self, tree: Tree, host, b: int, cand: list[int], laws: list[torch.Tensor]) -> Draft:
+        """Tree node i is candidate cand[i] of row b; remember which nodes have cache slots for `commit`."""
+        tokens, _, _, columns = host
+        forwarded = columns.get("draft")  # candidate ids in the order of their cache slots
+        slot = {c: k for k, c in enumerate(forwarded[b])} if forwarded else {}
+        self.columns.append({i: slot[c] for i, c in enumerate(cand) if c in slot})
+        draft_tokens = [tokens[b][c] for c in cand]
+        if not self.sample or tree.size == 1:
+            return Draft(tree, draft_tokens)
+        probs = [laws[c - 1][b] for c in cand[1:]]
+        return Draft(tree, draft_tokens, torch.stack([torch.zeros_like(probs[0]), *probs]))  # [N, V]
 
     def _children_on_device(
         self, logits: torch.Tensor, counts: list[int]
@@ -200,126 +221,19 @@ class LMDrafter(Drafter):
         top = torch.topk(torch.log_softmax(logits.float(), dim=-1), max(counts), dim=-1).indices  # [B, F, k]
         return torch.cat([top[:, j, :c] for j, c in enumerate(counts)], dim=1), None
 
-    def _grow_dynamic(
-        self, rows: list[_Candidates], logits: torch.Tensor, root_pos: list[int]
-    ) -> list[Draft]:
-        spec: DynamicTree = self.tree
-        frontier, logits = [[0] for _ in rows], logits[:, None]
-        for depth in range(spec.depth):
-            if depth > 0:
-                logits = self._forward_level(rows, frontier, depth, root_pos)
-            created = self._add_children(rows, frontier, [spec.topk] * len(frontier[0]), logits)
-            frontier = [
-                sorted(new, key=lambda i, r=row: (-r.scores[i], i))[: spec.topk]
-                for new, row in zip(created, rows)
-            ]
-        drafts, self.columns = [], []
-        for row in rows:
-            tree, kept = best_subtree(row.parents, row.scores, spec.tokens)
-            drafts.append(self._draft(tree, row, kept))
-        return drafts
-
-    def _draft(self, tree: Tree, row: _Candidates, cand: list[int]) -> Draft:
-        """Tree node i is candidate cand[i]; remember which nodes have cache slots for `commit`."""
-        self.columns.append({i: row.column[c] for i, c in enumerate(cand) if c in row.column})
-        tokens = [row.tokens[c] for c in cand]
-        if not self.sample or tree.size == 1:
-            return Draft(tree, tokens)
-        probs = [row.probs[c] for c in cand[1:]]
-        root = torch.zeros_like(probs[0])
-        return Draft(tree, tokens, torch.stack([root, *probs]))  # [N, V]
-
-    def _add_children(
-        self,
-        rows: list[_Candidates],
-        parents: list[list[int]],  # per row, the frontier's candidate ids (the same count in every row)
-        counts: list[int],  # children to draw per frontier position
-        logits: torch.Tensor,  # [B, F, V] the draft's logits after each frontier node
-    ) -> list[list[int]]:
-        """Draw the children of a whole level, for every row, with one host transfer (not one per row and
-        node: on a GPU each would be a synchronization) -> per row, the new candidate ids."""
-        created: list[list[int]] = [[] for _ in rows]
-        if self.sample:
-            q = logits_to_probs(logits, self.params)  # [B, F, V], the very law the tokens are drawn from
-            draws = [
-                torch.multinomial(q[b, j], count, replacement=True, generator=self.generators[b])
-                for b in range(len(rows))
-                for j, count in enumerate(counts)
-                if count
-            ]
-            tokens = iter(torch.cat(draws).tolist() if draws else [])
-            for b, row in enumerate(rows):
-                for j, count in enumerate(counts):
-                    created[b] += [row.add(parents[b][j], next(tokens), q=q[b, j]) for _ in range(count)]
-            return created
-        widest = max(counts)
-        if widest == 0:
-            return created
-        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), widest, dim=-1)  # [B, F, widest]
-        values, indices = top.values.tolist(), top.indices.tolist()
-        for b, row in enumerate(rows):
-            for j, count in enumerate(counts):
-                node, base = parents[b][j], row.scores[parents[b][j]]
-                created[b] += [row.add(node, indices[b][j][i], base + values[b][j][i]) for i in range(count)]
-        return created
-
-    def _assign_columns(self, rows: list[_Candidates], frontier: list[list[int]]) -> int:
-        """Give the frontier's nodes the next slots among this cycle's forwards -> slots used before."""
-        done = len(rows[0].column)
-        for row, nodes in zip(rows, frontier, strict=True):
-            for j, node in enumerate(nodes):
-                row.column[node] = done + j
-        return done
-
-    def _level_mask(self, rows: list[_Candidates], frontier: list[list[int]]) -> torch.Tensor:
-        """[B, F, W] over this cycle's slots (pending tokens, then nodes forwarded so far, then the new
-        frontier): a node sees the committed context, its forwarded ancestors and itself."""
-        batch, width, count = len(rows), max(self.pending_counts), len(frontier[0])
-        done = self._assign_columns(rows, frontier)
-        mask = torch.zeros(batch, count, width + done + count, dtype=torch.bool)  # [B, F, W]
-        mask[:, :, :width] = True  # the committed context (padding is removed by the cache's valid mask)
-        for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True)):
-            for j, node in enumerate(nodes):
-                for anc in row.ancestors(node):
-                    mask[b, j, width + row.column[anc]] = True
-        return mask
-
-    def _level_inputs(
-        self, rows: list[_Candidates], frontier: list[list[int]], depth: int, ids: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(ids [B, F], positions [B, F], tree mask [B, F, W]) on the device for one level; `ids` are given
-        when the tokens are already there (static trees). A chain's mask is all True (every node this cycle
-        forwarded is an ancestor), built on the device; other masks come from the tree's shape."""
-        device = self.model.device
-        if ids is None:
-            ids = torch.tensor(
-                [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
-            ).to(device)
-        if is_chain(self.tree):
-            width = max(self.pending_counts) + self._assign_columns(rows, frontier) + ids.shape[1]
-            mask = torch.ones(len(rows), ids.shape[1], width, dtype=torch.bool, device=device)
-        else:
-            mask = self._level_mask(rows, frontier).to(device)
-        positions = (self.root_positions + depth).expand(-1, ids.shape[1])  # [B, F]
-        return ids, positions, mask
-
-    def _forward_level(
-        self,
-        rows: list[_Candidates],
-        frontier: list[list[int]],
-        depth: int,
-        root_pos: list[int],
-        ids: torch.Tensor | None = None,  # [B, F] on the device (static trees are drafted there)
-    ):
-        """Forward this depth's frontier (the same count in every row) -> logits [B, F, V]."""
-        ids, positions, mask = self._level_inputs(rows, frontier, depth, ids)
+    def _forward_level(self, level: Level) -> torch.Tensor:
+        """Forward one depth's frontier (the same count in every row) -> logits [B, F, V]. Its mask: the
+        pending context, the ancestors forwarded this cycle, itself (a chain's is all True)."""
+        mask = self.cycle.forward_mask("draft", level.nodes, prefix=max(self.pending_counts))
         self.forwards += 1
         if self.steps is not None:
             if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
-                mask = mask[..., -ids.shape[1] :]
-            ones = torch.ones_like(ids, dtype=torch.bool)
-            return self._logits(self.steps(0, ids, positions, valid=ones, tree_mask=mask))
-        out = self.model.forward(ids, self.cache, positions, tree_mask=mask, num_layers=self.num_layers)
+                mask = mask[..., -level.nodes.shape[1] :]
+            ones = torch.ones_like(level.ids, dtype=torch.bool)
+            return self._logits(self.steps(0, level.ids, level.positions, valid=ones, tree_mask=mask))
+        out = self.model.forward(
+            level.ids, self.cache, level.positions, tree_mask=mask, num_layers=self.num_layers
+        )
         return self._logits(out.hidden)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

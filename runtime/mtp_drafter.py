@@ -23,7 +23,7 @@ import torch
 
 from draftsmith.runtime.drafting import Drafter
 from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.lm_drafter import LMDrafter, _Candidates, is_chain
+from draftsmith.runtime.lm_drafter import Level, LMDrafter, is_chain
 from draftsmith.runtime.mtp import MtpHead
 from draftsmith.runtime.static_draft import causal, mtp_steps
 from draftsmith.runtime.target import Target
@@ -108,9 +108,6 @@ class MtpDrafter(LMDrafter):
     def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         modules = len(self.caches)
         self.draft_start = [None] * modules
-        self.drafted = [0] * modules  # draft slots each module holds this cycle
-        self.node_slot = [[{} for _ in contexts] for _ in range(modules)]  # per module: node -> slot
-        self.hidden = [{} for _ in contexts]  # per row: node -> output of the forward it was input to
         self.contexts = contexts
         h = self._catch_up(0, contexts)  # every row has >= 1 new pair (the root's)
         batch, device = len(contexts), self.model.device
@@ -121,75 +118,31 @@ class MtpDrafter(LMDrafter):
 
     # ---- draft levels ---------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _forward_level(
-        self,
-        rows: list[_Candidates],
-        frontier: list[list[int]],
-        depth: int,
-        root_pos: list[int],
-        ids: torch.Tensor | None = None,  # [B, F] on the device (static trees are drafted there)
-    ):
-        module = min(depth, len(self.caches) - 1)
+    def _forward_level(self, level: Level) -> torch.Tensor:
+        """Depth d's frontier through module min(d, M-1), fed its parents' outputs -> logits [B, F, V].
+        Its mask covers this module's draft slots: a node sees its ancestors this module forwarded this
+        cycle (only when recursing) and itself; committed slots come from the cache."""
+        module = min(level.depth, len(self.caches) - 1)
         if self.draft_start[module] is None:
             self._catch_up(module, self.contexts)
-        device = self.model.device
-        if ids is None:
-            ids = torch.tensor(
-                [[row.tokens[n] for n in nodes] for row, nodes in zip(rows, frontier, strict=True)]
-            )
-            ids = ids.to(device)
-        feature = torch.stack(
-            [
-                torch.stack(
-                    [
-                        self.root_hidden[b] if row.parents[n] == 0 else self.hidden[b][row.parents[n]]
-                        for n in nodes
-                    ]
-                )
-                for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True))
-            ]
-        )  # [B, F, H]
-        positions = (self.root_positions + (depth - module)).expand(-1, ids.shape[1])  # [B, F]
-        mask = self._module_mask(module, rows, frontier, is_chain(self.tree))
+        if level.depth == 1:  # a cycle's first level: a table of outputs by candidate id, the root's first
+            self.outputs = self.root_hidden.new_zeros(*self.cycle.tokens.shape, self.root_hidden.shape[-1])
+            self.outputs[:, 0] = self.root_hidden  # [B, N, H]
+        hidden = self.outputs.shape[-1]
+        feature = self.outputs.gather(1, level.parents[..., None].expand(-1, -1, hidden))  # [B, F, H]
+        positions = level.positions - module  # [B, F]: module m runs m positions before its token
+        mask = self.cycle.forward_mask(module, level.nodes)  # [B, F, D + F]
         if self.steps is not None:
             if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
-                mask = mask[..., -ids.shape[1] :]
-            ones = torch.ones_like(ids, dtype=torch.bool)
-            h = self.steps(module, ids, feature, positions, valid=ones, tree_mask=mask).clone()
+                mask = mask[..., -level.nodes.shape[1] :]
+            ones = torch.ones_like(level.ids, dtype=torch.bool)
+            h = self.steps(module, level.ids, feature, positions, valid=ones, tree_mask=mask)
         else:
-            h = self.head(
-                module, self.model.embed(ids), feature, positions, self.caches[module], tree_mask=mask
-            )
+            embeds = self.model.embed(level.ids)
+            h = self.head(module, embeds, feature, positions, self.caches[module], tree_mask=mask)
         self.forwards += 1
-        for b, nodes in enumerate(frontier):
-            for j, node in enumerate(nodes):
-                self.hidden[b][node] = h[b, j]
+        self.outputs.scatter_(1, level.nodes[..., None].expand(-1, -1, hidden), h)
         return self.head.logits(self.model, module, h)
-
-    def _module_mask(
-        self, module: int, rows: list[_Candidates], frontier: list[list[int]], chain: bool = False
-    ) -> torch.Tensor:
-        """[B, F, D + F] on the device over this module's draft slots: a node sees its ancestors that this
-        module forwarded this cycle (only when recursing) and itself; committed slots come from the cache.
-        In a chain every node the module forwarded this cycle is an ancestor: all True, built there."""
-        done, count = self.drafted[module], len(frontier[0])
-        if chain:
-            for b, nodes in enumerate(frontier):
-                for j, node in enumerate(nodes):
-                    self.node_slot[module][b][node] = done + j
-            self.drafted[module] += count
-            return torch.ones(len(rows), count, done + count, dtype=torch.bool, device=self.model.device)
-        mask = torch.zeros(len(rows), count, done + count, dtype=torch.bool)
-        for b, (row, nodes) in enumerate(zip(rows, frontier, strict=True)):
-            slots = self.node_slot[module][b]
-            for j, node in enumerate(nodes):
-                slots[node] = done + j
-                for anc in row.ancestors(node)[1:]:
-                    if anc in slots:
-                        mask[b, j, slots[anc]] = True
-                mask[b, j, done + j] = True
-        self.drafted[module] += count
-        return mask.to(self.model.device)
 
     def commit(self, accepted: list[list[int]], features=None) -> None:
         for module, cache in enumerate(self.caches):  # drop every draft slot

@@ -156,7 +156,7 @@ def test_module_caches_after_commits_equal_the_training_forward(target, request,
         chain = path_to(draft.tree, draft.tree.leaves[0])  # root, d1, d2, d3
         extended = ctx + [draft.tokens[i] for i in chain[1:]]
         outs = training_outputs(head3, target, extended, all_feats[b])
-        got = [drafter.root_hidden[b]] + [drafter.hidden[b][chain[k]] for k in range(1, 3)]
+        got = [drafter.outputs[b, chain[k]] for k in range(3)]  # candidate ids = node ids in a chain
         for m in range(3):
             torch.testing.assert_close(got[m], outs[m][n - 1], atol=1e-5, rtol=1e-5)
 
