@@ -48,6 +48,16 @@ class Draft:
             raise ValueError(f"draft has {len(self.tokens)} tokens for a tree of {self.tree.size} nodes")
 
 
+def to_device(data, device: torch.device | str) -> torch.Tensor:
+    """A host-built tensor (or nested list) on `device` without waiting for the kernels already queued
+    there: on CUDA through pinned memory and an asynchronous copy (a plain copy synchronizes the stream,
+    so the host would idle until the GPU drains), elsewhere an ordinary `.to`."""
+    tensor = data if isinstance(data, torch.Tensor) else torch.tensor(data)
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def root_only(root: int) -> Draft:
     """An empty draft: the cycle is one plain decoding step."""
     return Draft(Tree((-1,)), [root])

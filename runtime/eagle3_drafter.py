@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.runtime.drafting import Drafter
+from draftsmith.runtime.drafting import Drafter, to_device
 from draftsmith.runtime.eagle3 import Eagle3Head
 from draftsmith.runtime.lm_drafter import Level, LMDrafter, is_chain
 from draftsmith.runtime.static_draft import causal, eagle3_steps
@@ -64,18 +64,19 @@ class Eagle3Drafter(LMDrafter):
             feats[b, :n] = self.features[b]
             valid[b, :n] = True
         positions = torch.tensor(self.cached)[:, None] + torch.arange(width)  # [B, Wp]
-        last = torch.tensor(counts, device=device) - 1
+        ids, positions, valid = to_device(ids, device), to_device(positions, device), to_device(valid, device)
+        last = to_device(counts, device) - 1
         self.forwards += 1
         root_pos = [seen + n - 1 for seen, n in zip(self.cached, counts, strict=True)]
         if self.steps is not None:
-            args = (ids.to(device), feats, positions.to(device), last)
             mask = causal(batch, width, device)
-            feature, root_logits = self.steps("pending", *args, valid=valid.to(device), tree_mask=mask)
+            feature, root_logits = self.steps(
+                "pending", ids, feats, positions, last, valid=valid, tree_mask=mask
+            )
             self.root_feature = feature.clone()  # [B, H], read after later replays
             return root_logits, root_pos
         with torch.inference_mode():
-            embeds = self.model.embed(ids.to(device))
-            h = self.head(embeds, self.head.fuse(feats), positions.to(device), self.cache, valid.to(device))
+            h = self.head(self.model.embed(ids), self.head.fuse(feats), positions, self.cache, valid)
         root_out = h[torch.arange(batch, device=device), last]  # [B, H]
         self.root_feature = self.head.next_feature(root_out)  # [B, H]: the root's children read it
         return self.head.target_logits(root_out), root_pos

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.runtime.draft_tree import CycleTree
-from draftsmith.runtime.drafting import Draft, Drafter
+from draftsmith.runtime.drafting import Draft, Drafter, to_device
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
 from draftsmith.runtime.static_draft import causal, lm_steps
@@ -65,6 +65,7 @@ class LMDrafter(Drafter):
             raise BadInputError("children", children, f"one of {list(CHILDREN_MODES)}")
         self.model, self.tree, self.num_layers, self.children = model, tree, num_layers, children
         self.name = f"self:layers={num_layers}" if num_layers else f"model:{model.name}"
+        self._plans: dict = {}  # (static tree, batch) -> its levels as device tensors (_static_plan)
         self.vocab_size = model.vocab_size  # set to the target's by load_draft_model
 
     def start(self, prompts, params: SamplingParams, generators, features=None) -> None:
@@ -91,16 +92,18 @@ class LMDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]]) -> list[Draft]:
-        root_logits, root_pos = self._forward_pending(contexts)
-        device = self.model.device
-        self.root_positions = torch.tensor(root_pos, device=device)[:, None]  # [B, 1]
-        roots = torch.tensor([ctx[-1] for ctx in contexts], device=device)
+        """Every row's draft tree. From the pending forward to the final transfer nothing built on the host
+        enters the loop (host-to-device copies are asynchronous or made once per tree)."""
         tree = self.tree
+        plan = None if isinstance(tree, DynamicTree) else self._static_plan(len(contexts))
+        roots = to_device([ctx[-1] for ctx in contexts], self.model.device)
+        root_logits, root_pos = self._forward_pending(contexts)
+        self.root_positions = to_device(root_pos, self.model.device)[:, None]  # [B, 1]
         if isinstance(tree, DynamicTree):
             self.cycle = CycleTree(roots, 1 + tree.topk + (tree.depth - 1) * tree.topk**2)
             return self._grow_dynamic(root_logits)
         self.cycle = CycleTree(roots, tree.size)
-        return self._grow_static(root_logits)
+        return self._grow_static(root_logits, plan)
 
     def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         """Forward the committed tokens not in the cache yet -> root logits [B, V], root positions."""
@@ -114,7 +117,7 @@ class LMDrafter(Drafter):
             valid[row, : len(tokens)] = True
         positions = torch.tensor(self.cached)[:, None] + torch.arange(width)  # [B, Wp]
         device = self.model.device
-        ids, positions, valid = ids.to(device), positions.to(device), valid.to(device)
+        ids, positions, valid = to_device(ids, device), to_device(positions, device), to_device(valid, device)
         if self.steps is not None:
             mask = causal(len(pending), width, device)
             hidden = self.steps(0, ids, positions, valid=valid, tree_mask=mask)
@@ -124,36 +127,56 @@ class LMDrafter(Drafter):
             )
             hidden = out.hidden
         self.forwards += 1
-        last = torch.tensor(self.pending_counts, device=device) - 1
+        last = to_device(self.pending_counts, device) - 1
         root_logits = self._logits(hidden[torch.arange(len(pending), device=device), last])  # [B, V]
         root_pos = [seen + n - 1 for seen, n in zip(self.cached, self.pending_counts, strict=True)]
         return root_logits, root_pos
 
-    def _grow_static(self, logits: torch.Tensor) -> list[Draft]:
+    def _grow_static(self, logits: torch.Tensor, plan) -> list[Draft]:
         """A static tree (a chain included): level by level, children in rank order, so candidate ids
         follow the tree's level order; the deepest level is never forwarded (nobody needs its logits)."""
-        tree, batch = self.tree, logits.shape[0]
-        kids = [tree.children(i) for i in range(tree.size)]
-        levels = [[0]]
-        while nxt := [c for n in levels[-1] for c in kids[n]]:
-            levels.append(nxt)
-        order = {node: i for i, node in enumerate(n for level in levels for n in level)}  # node -> candidate
-        device = self.model.device
+        batch = logits.shape[0]
+        levels, cand = plan
         laws: list[torch.Tensor] = []  # per candidate 1.., the law q [B, V] it was drawn from (sampling)
         logits = logits[:, None]  # [B, F, V]
-        for depth, level in enumerate(levels[:-1]):
-            frontier = [n for n in level if kids[n]]
-            nodes = torch.tensor([order[n] for n in frontier], device=device).expand(batch, -1)  # [B, F]
+        for depth, (nodes, parents, counts) in enumerate(levels):
             if depth > 0:
                 logits = self._forward_level(self._level(depth, nodes))
-            counts = [len(kids[n]) for n in frontier]
             tokens, q = self._children_on_device(logits, counts)  # [B, M]
-            parents = nodes.repeat_interleave(torch.tensor(counts, device=device), dim=1)  # [B, M]
             self.cycle.add(parents, tokens)
             if q is not None:
                 laws += [q[:, j] for j, c in enumerate(counts) for _ in range(c)]
         host, self.columns = self.cycle.to_host(), []  # the cycle's one host transfer
-        return [self._draft(tree, host, b, [order[n] for n in range(tree.size)], laws) for b in range(batch)]
+        return [self._draft(self.tree, host, b, cand, laws) for b in range(batch)]
+
+    def _static_plan(
+        self, batch: int
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, list[int]]], list[int]]:
+        """Per forwarded level: (frontier candidate ids [B, F], their children's parents [B, M], children per
+        frontier node), and each tree node's candidate id. Built once per tree and batch size, so no host
+        tensor enters the drafting loop (a host-to-device copy would wait for the queued kernels)."""
+        key = (self.tree, batch)
+        if key not in self._plans:
+            tree, device = self.tree, self.model.device
+            kids = [tree.children(i) for i in range(tree.size)]
+            levels = [[0]]
+            while nxt := [c for n in levels[-1] for c in kids[n]]:
+                levels.append(nxt)
+            order = {node: i for i, node in enumerate(n for level in levels for n in level)}  # node -> id
+            plan = []
+            for level in levels[:-1]:
+                frontier = [n for n in level if kids[n]]
+                nodes = torch.tensor([order[n] for n in frontier], device=device).expand(batch, -1)
+                parents = [order[n] for n in frontier for _ in kids[n]]
+                plan.append(
+                    (
+                        nodes,
+                        torch.tensor(parents, device=device).expand(batch, -1),
+                        [len(kids[n]) for n in frontier],
+                    )
+                )
+            self._plans[key] = (plan, [order[n] for n in range(tree.size)])
+        return self._plans[key]
 
     def _grow_dynamic(self, logits: torch.Tensor) -> list[Draft]:
         """EAGLE-2: expand the `topk` best frontier nodes by cumulative log-probability for `depth` levels,

@@ -6,8 +6,8 @@
 Depth d of the draft tree is proposed by module d (stacked, as trained): module m runs at the root's
 position n-1 on (the depth-m node's token, the output of module m-1 at its parent), attending to its own
 cache of committed positions t <= n-1-m, exactly the mask it was trained with (`mtp.module_mask`).
-Each module keeps its own KV cache; before its first draft level in a cycle it catches up on the
-committed positions it has not seen, fed by the outputs module m-1 produced there (kept in a buffer).
+Each module keeps its own KV cache; at the start of a cycle every module the tree reaches catches up on
+the committed positions it has not seen, fed by the outputs module m-1 produced there (kept in a buffer).
 
 Past the last module (only with recursion allowed), the last module is applied again one position
 further per depth, its input feature being its own output at the parent, like an EAGLE head; it then
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.runtime.drafting import Drafter
+from draftsmith.runtime.drafting import Drafter, to_device
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.lm_drafter import Level, LMDrafter, is_chain
 from draftsmith.runtime.mtp import MtpHead
@@ -90,7 +90,7 @@ class MtpDrafter(LMDrafter):
             self.feats[module][b] = self.feats[module][b][n:]
             valid[b, :n] = True
         positions = torch.tensor(self.cached[module])[:, None] + torch.arange(width)  # [B, W]
-        ids, positions, valid = ids.to(device), positions.to(device), valid.to(device)
+        ids, positions, valid = to_device(ids, device), to_device(positions, device), to_device(valid, device)
         if self.steps is not None:
             mask = causal(len(contexts), width, device)
             h = self.steps(module, ids, feats, positions, valid=valid, tree_mask=mask).clone()
@@ -108,11 +108,14 @@ class MtpDrafter(LMDrafter):
     def _forward_pending(self, contexts: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
         modules = len(self.caches)
         self.draft_start = [None] * modules
-        self.contexts = contexts
         h = self._catch_up(0, contexts)  # every row has >= 1 new pair (the root's)
         batch, device = len(contexts), self.model.device
-        last = torch.tensor(self.catch_up_counts, device=device) - 1
+        last = to_device(self.catch_up_counts, device) - 1
         self.root_hidden = h[torch.arange(batch, device=device), last]  # [B, H] = h_1 at n-1
+        # every other module the levels reach catches up now, so its host-built inputs (a copy that waits
+        # for the queued kernels) never enter the drafting loop
+        for module in range(1, min(self.tree.max_depth, modules)):
+            self._catch_up(module, contexts)
         root_pos = [len(ctx) - 2 for ctx in contexts]  # n - 1
         return self.head.logits(self.model, 0, self.root_hidden), root_pos
 
@@ -123,8 +126,6 @@ class MtpDrafter(LMDrafter):
         Its mask covers this module's draft slots: a node sees its ancestors this module forwarded this
         cycle (only when recursing) and itself; committed slots come from the cache."""
         module = min(level.depth, len(self.caches) - 1)
-        if self.draft_start[module] is None:
-            self._catch_up(module, self.contexts)
         if level.depth == 1:  # a cycle's first level: a table of outputs by candidate id, the root's first
             self.outputs = self.root_hidden.new_zeros(*self.cycle.tokens.shape, self.root_hidden.shape[-1])
             self.outputs[:, 0] = self.root_hidden  # [B, N, H]

@@ -43,7 +43,7 @@ class StaticSteps:
         """valid [B, T] bool marks real tokens; tree_mask [B, T, W] covers the last W slots ending with the
         new ones (W >= T), earlier valid slots are seen (slot_mask)."""
         cache, new = self.caches[name], valid.shape[1]
-        slots = torch.arange(cache.length, cache.length + new)  # [T]
+        slots = torch.arange(cache.length, cache.length + new, device=self.graphed.device)  # [T], no copy
         out = self.graphed((name, cache.span_for(new)), *inputs, valid, slots, tree_mask)
         cache.advance(new)
         return out

@@ -203,7 +203,7 @@ class GraphedForward:
         """Write the T tokens at slots cache.length.. and return (logits [B, T, V], aux). The returned
         tensors are the shape's output buffers: the next call of the same shape overwrites them."""
         start, nodes = self.cache.length, input_ids.shape[1]
-        slots = torch.arange(start, start + nodes)
+        slots = torch.arange(start, start + nodes, device=self.target.device)  # made there: no host copy
         span = self.cache.span_for(nodes)
         return self.steps(span, input_ids, position_ids, token_valid, slots, tree_mask)
 

@@ -125,7 +125,8 @@ def test_cli_loads_a_head_folder(tiny_dir, tmp_path, capsys):
 def test_trees_move_tokens_to_the_host_once_per_cycle(target, head, params, monkeypatch):
     """Chains, branching static trees and dynamic trees are drafted on the device (one `tolist` per
     proposal, not one per level) by the EAGLE-3, LM and MTP drafters (stacked modules and a recursing
-    one): tokens, parents, scores and masks stay there until the cycle's end."""
+    one): tokens, parents, scores and masks stay there until the cycle's end, and no tensor is built on
+    the host inside a level (on CUDA its copy would wait for the queued kernels)."""
     from draftsmith.runtime.lm_drafter import LMDrafter
     from draftsmith.runtime.mtp import MtpConfig, MtpHead
     from draftsmith.runtime.mtp_drafter import MtpDrafter
@@ -153,9 +154,30 @@ def test_trees_move_tokens_to_the_host_once_per_cycle(target, head, params, monk
         _, _, features = prefill_features(target, prompts, 8, drafter.capture_layers)
         gens = None if params.greedy else make_generators(0, [0, 1, 2])
         drafter.start(prompts, params, gens, features)
+        built = counting_host_tensors_in_levels(drafter, monkeypatch)
         monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or real(self))
         drafts = drafter.propose([p + [7] for p in prompts])
         monkeypatch.setattr(torch.Tensor, "tolist", real)
         assert all(len(d.tokens) == d.tree.size and min(d.tokens) >= 0 for d in drafts)
         assert len(calls) == 1, (spec, len(calls))
+        assert built == [], (spec, built)
         calls.clear()
+
+
+def counting_host_tensors_in_levels(drafter, monkeypatch) -> list:
+    """Record every `torch.tensor` call from the first level's forward to the cycle's final transfer."""
+    from draftsmith.runtime.draft_tree import CycleTree
+
+    built, real_tensor, forward_level, to_host = [], torch.tensor, drafter._forward_level, CycleTree.to_host
+
+    def first_level(*args):
+        monkeypatch.setattr(torch, "tensor", lambda *a, **k: built.append(a) or real_tensor(*a, **k))
+        return forward_level(*args)
+
+    def transfer(self):
+        monkeypatch.setattr(torch, "tensor", real_tensor)
+        return to_host(self)
+
+    monkeypatch.setattr(drafter, "_forward_level", first_level)
+    monkeypatch.setattr(CycleTree, "to_host", transfer)
+    return built

@@ -159,3 +159,44 @@ def test_cuda_graph_draft_steps_are_greedy_identical(spec):
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     [steps] = head.static_steps.values()
     assert all(entry.graph is not None for entry in steps.graphed.entries.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+@pytest.mark.parametrize("spec", ["chain:4", "static:binary-3", "dynamic:depth=3,topk=2,tokens=6"])
+def test_graphed_drafting_never_waits_for_the_gpu_inside_a_cycle(kind, spec, monkeypatch):
+    """Under CUDA's sync debug mode ("error"), nothing synchronizes from a cycle's first level forward to
+    its final transfer: once a first run captured the graphs, a second run drafts every level of every
+    cycle without the host waiting for the GPU."""
+    from draftsmith.runtime.draft_tree import CycleTree
+
+    target = Target(tiny_model("llama").cuda(), tiny_tokenizer(), "tiny")
+    torch.manual_seed(0)
+    if kind == "mtp":
+        head = MtpHead(MtpConfig.for_target(target, num_modules=2)).cuda().eval()
+        drafter = MtpDrafter(head, target, parse_tree_spec(spec), recursive=True)
+    else:
+        head = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).cuda().eval()
+        drafter = Eagle3Drafter(head, target, parse_tree_spec(spec))
+    prompts = make_prompts(4)
+    want = generate_plain(target, prompts, GREEDY, max_new_tokens=24, batch_size=4)
+    generate_speculative(target, drafter, prompts, GREEDY, 24, batch_size=4, static=True)  # captures
+    forward_level, to_host = drafter._forward_level, CycleTree.to_host
+
+    def strict_level(*args):
+        torch.cuda.set_sync_debug_mode("error")
+        return forward_level(*args)
+
+    def transfer(self):
+        torch.cuda.set_sync_debug_mode("default")
+        return to_host(self)
+
+    monkeypatch.setattr(drafter, "_forward_level", strict_level)
+    monkeypatch.setattr(CycleTree, "to_host", transfer)
+    try:
+        got = generate_speculative(target, drafter, prompts, GREEDY, 24, batch_size=4, static=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [r.token_ids for r in got] == [r.token_ids for r in want]
+    assert sum(r.draft_forwards for r in got) > len(got)
