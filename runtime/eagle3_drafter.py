@@ -24,7 +24,8 @@ import torch
 from draftsmith.runtime.drafting import Drafter, to_device
 from draftsmith.runtime.eagle3 import Eagle3Head
 from draftsmith.runtime.lm_drafter import Level, LMDrafter, is_chain
-from draftsmith.runtime.static_draft import causal, eagle3_steps
+from draftsmith.runtime.static_draft import eagle3_steps
+from draftsmith.runtime.static_forward import causal
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import TreeSpec
 
@@ -85,11 +86,7 @@ class Eagle3Drafter(LMDrafter):
     def _forward_level(self, level: Level) -> torch.Tensor:
         """Forward one depth's frontier; each node's feature is its parent's output (training-time
         test) -> draft logits [B, F, V]. Outputs go to a device table by candidate id for the children."""
-        if level.depth == 1:  # a cycle's first level: the table starts with the root's children's feature
-            self.outputs = self.root_feature.new_zeros(*self.cycle.tokens.shape, self.root_feature.shape[-1])
-            self.outputs[:, 0] = self.root_feature  # [B, N, H]
-        hidden = self.outputs.shape[-1]
-        parent_out = self.outputs.gather(1, level.parents[..., None].expand(-1, -1, hidden))  # [B, F, H]
+        parent_out = self._parent_outputs(level, self.root_feature)  # [B, F, H]
         mask = self.cycle.forward_mask("draft", level.nodes, prefix=max(self.pending_counts))
         self.forwards += 1
         if self.steps is not None:
@@ -102,7 +99,7 @@ class Eagle3Drafter(LMDrafter):
             embeds = self.model.embed(level.ids)
             h = self.head(embeds, parent_out, level.positions, self.cache, tree_mask=mask)
             feature, logits = self.head.next_feature(h), self.head.target_logits(h)  # [B, F, H], [B, F, V]
-        self.outputs.scatter_(1, level.nodes[..., None].expand(-1, -1, hidden), feature)
+        self._keep_outputs(level, feature)
         return logits
 
     def commit(self, accepted: list[list[int]], features=None) -> None:

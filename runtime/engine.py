@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.sampling import SamplingParams, make_generators, next_tokens
-from draftsmith.runtime.static_forward import static_forward, static_session
+from draftsmith.runtime.static_forward import causal, static_forward, static_session
 from draftsmith.runtime.target import Target
 
 
@@ -143,11 +143,11 @@ def prefill_features(
     positions = (valid.cumsum(dim=1) - 1).clamp(min=0)  # [B, T]
     if static:
         cache = static_session(target, batch, width + extra, capture_layers).cache
-        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
         slots = torch.arange(width, device=device)
         span = cache.span_for(width)  # attend over the prompt's window, not the whole capacity
+        mask = causal(batch, width, device)
         logits, aux = static_forward(
-            target, cache, input_ids, positions, valid, slots, causal, capture_layers, span
+            target, cache, input_ids, positions, valid, slots, mask, capture_layers, span
         )
         cache.advance(width)
         logits = logits[:, -1]

@@ -35,7 +35,8 @@ from draftsmith.runtime.draft_tree import CycleTree
 from draftsmith.runtime.drafting import Draft, Drafter, to_device
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
-from draftsmith.runtime.static_draft import causal, lm_steps
+from draftsmith.runtime.static_draft import lm_steps
+from draftsmith.runtime.static_forward import causal
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import DynamicTree, Tree, TreeSpec, best_subtree
 
@@ -207,6 +208,19 @@ class LMDrafter(Drafter):
         cycle = self.cycle
         positions = (self.root_positions + depth).expand(-1, nodes.shape[1])  # [B, F]
         return Level(depth, nodes, cycle.tokens.gather(1, nodes), cycle.parents.gather(1, nodes), positions)
+
+    def _parent_outputs(self, level: Level, root: torch.Tensor) -> torch.Tensor:
+        """Feature heads (EAGLE-3, MTP): a node's input feature is its parent's output. Outputs live in a
+        device table by candidate id, started each cycle (at depth 1) with the root's children's feature
+        root [B, H] -> the frontier's parents' outputs [B, F, H]."""
+        if level.depth == 1:
+            self.outputs = root.new_zeros(*self.cycle.tokens.shape, root.shape[-1])  # [B, N, H]
+            self.outputs[:, 0] = root
+        return self.outputs.gather(1, level.parents[..., None].expand(-1, -1, root.shape[-1]))
+
+    def _keep_outputs(self, level: Level, outputs: torch.Tensor) -> None:
+        """Store the frontier's outputs [B, F, H] (a copy) for its children."""
+        self.outputs.scatter_(1, level.nodes[..., None].expand(-1, -1, outputs.shape[-1]), outputs)
 
     def _draft(self, tree: Tree, host, b: int, cand: list[int], laws: list[torch.Tensor]) -> Draft:
         """Tree node i is candidate cand[i] of row b; remember which nodes have cache slots for `commit`."""

@@ -25,7 +25,8 @@ from draftsmith.runtime.drafting import Drafter, to_device
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.lm_drafter import Level, LMDrafter, is_chain
 from draftsmith.runtime.mtp import MtpHead
-from draftsmith.runtime.static_draft import causal, mtp_steps
+from draftsmith.runtime.static_draft import mtp_steps
+from draftsmith.runtime.static_forward import causal
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import TreeSpec
 
@@ -126,11 +127,7 @@ class MtpDrafter(LMDrafter):
         Its mask covers this module's draft slots: a node sees its ancestors this module forwarded this
         cycle (only when recursing) and itself; committed slots come from the cache."""
         module = min(level.depth, len(self.caches) - 1)
-        if level.depth == 1:  # a cycle's first level: a table of outputs by candidate id, the root's first
-            self.outputs = self.root_hidden.new_zeros(*self.cycle.tokens.shape, self.root_hidden.shape[-1])
-            self.outputs[:, 0] = self.root_hidden  # [B, N, H]
-        hidden = self.outputs.shape[-1]
-        feature = self.outputs.gather(1, level.parents[..., None].expand(-1, -1, hidden))  # [B, F, H]
+        feature = self._parent_outputs(level, self.root_hidden)  # [B, F, H]
         positions = level.positions - module  # [B, F]: module m runs m positions before its token
         mask = self.cycle.forward_mask(module, level.nodes)  # [B, F, D + F]
         if self.steps is not None:
@@ -142,7 +139,7 @@ class MtpDrafter(LMDrafter):
             embeds = self.model.embed(level.ids)
             h = self.head(module, embeds, feature, positions, self.caches[module], tree_mask=mask)
         self.forwards += 1
-        self.outputs.scatter_(1, level.nodes[..., None].expand(-1, -1, hidden), h)
+        self._keep_outputs(level, h)
         return self.head.logits(self.model, module, h)
 
     def commit(self, accepted: list[list[int]], features=None) -> None:

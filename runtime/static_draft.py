@@ -59,11 +59,6 @@ class StaticSteps:
         return self
 
 
-def causal(batch: int, width: int, device) -> torch.Tensor:
-    """[B, W, W]: the plain causal block (the mask `Target.forward` uses without a tree)."""
-    return torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
-
-
 def _session(owner, key: tuple, capacity: int, build: Callable[[int], StaticSteps]) -> StaticSteps:
     """The owner's steps for `key` and at least `capacity` slots (a power of two >= 256), reset; later
     batches of the same key replay the graphs the first captured, as a server captures once. Kept on the

@@ -91,6 +91,11 @@ def slot_mask(valid: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor)
     return (seen | own)[:, None]
 
 
+def causal(batch: int, width: int, device) -> torch.Tensor:
+    """[B, W, W]: the plain causal block (the mask `Target.forward` uses without a tree)."""
+    return torch.ones(width, width, dtype=torch.bool, device=device).tril().expand(batch, -1, -1)
+
+
 def write_slots(
     cache: StaticKVCache,
     slots: torch.Tensor,  # [T]
