@@ -23,7 +23,7 @@ import torch
 
 from draftsmith.runtime.drafting import Drafter, to_device
 from draftsmith.runtime.eagle3 import Eagle3Head
-from draftsmith.runtime.lm_drafter import Level, LMDrafter, is_chain
+from draftsmith.runtime.lm_drafter import Level, LMDrafter
 from draftsmith.runtime.static_draft import eagle3_steps
 from draftsmith.runtime.static_forward import causal
 from draftsmith.runtime.target import Target
@@ -87,11 +87,9 @@ class Eagle3Drafter(LMDrafter):
         """Forward one depth's frontier; each node's feature is its parent's output (training-time
         test) -> draft logits [B, F, V]. Outputs go to a device table by candidate id for the children."""
         parent_out = self._parent_outputs(level, self.root_feature)  # [B, F, H]
-        mask = self.cycle.forward_mask("draft", level.nodes, prefix=max(self.pending_counts))
+        mask = self._level_mask(level)
         self.forwards += 1
         if self.steps is not None:
-            if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
-                mask = mask[..., -level.nodes.shape[1] :]
             ones = torch.ones_like(level.ids, dtype=torch.bool)
             args = (level.ids, parent_out, level.positions)
             feature, logits = self.steps("level", *args, valid=ones, tree_mask=mask)

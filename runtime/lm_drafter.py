@@ -209,6 +209,16 @@ class LMDrafter(Drafter):
         positions = (self.root_positions + depth).expand(-1, nodes.shape[1])  # [B, F]
         return Level(depth, nodes, cycle.tokens.gather(1, nodes), cycle.parents.gather(1, nodes), positions)
 
+    def _level_mask(self, level: Level, cache="draft", prefix: int | None = None) -> torch.Tensor:
+        """The frontier's tree mask over `cache`'s slots this cycle (CycleTree.forward_mask; `prefix`
+        defaults to the pending context). On the static path a chain's is cut to [B, 1, 1]: earlier valid
+        slots are seen anyway, and every level then has one shape, one graph."""
+        prefix = max(self.pending_counts) if prefix is None else prefix
+        mask = self.cycle.forward_mask(cache, level.nodes, prefix)
+        if self.steps is not None and is_chain(self.tree):
+            mask = mask[..., -level.nodes.shape[1] :]
+        return mask
+
     def _parent_outputs(self, level: Level, root: torch.Tensor) -> torch.Tensor:
         """Feature heads (EAGLE-3, MTP): a node's input feature is its parent's output. Outputs live in a
         device table by candidate id, started each cycle (at depth 1) with the root's children's feature
@@ -261,11 +271,9 @@ class LMDrafter(Drafter):
     def _forward_level(self, level: Level) -> torch.Tensor:
         """Forward one depth's frontier (the same count in every row) -> logits [B, F, V]. Its mask: the
         pending context, the ancestors forwarded this cycle, itself (a chain's is all True)."""
-        mask = self.cycle.forward_mask("draft", level.nodes, prefix=max(self.pending_counts))
+        mask = self._level_mask(level)
         self.forwards += 1
         if self.steps is not None:
-            if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
-                mask = mask[..., -level.nodes.shape[1] :]
             ones = torch.ones_like(level.ids, dtype=torch.bool)
             return self._logits(self.steps(0, level.ids, level.positions, valid=ones, tree_mask=mask))
         out = self.model.forward(

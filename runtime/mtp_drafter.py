@@ -23,7 +23,7 @@ import torch
 
 from draftsmith.runtime.drafting import Drafter, to_device
 from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.lm_drafter import Level, LMDrafter, is_chain
+from draftsmith.runtime.lm_drafter import Level, LMDrafter
 from draftsmith.runtime.mtp import MtpHead
 from draftsmith.runtime.static_draft import mtp_steps
 from draftsmith.runtime.static_forward import causal
@@ -129,10 +129,8 @@ class MtpDrafter(LMDrafter):
         module = min(level.depth, len(self.caches) - 1)
         feature = self._parent_outputs(level, self.root_hidden)  # [B, F, H]
         positions = level.positions - module  # [B, F]: module m runs m positions before its token
-        mask = self.cycle.forward_mask(module, level.nodes)  # [B, F, D + F]
+        mask = self._level_mask(level, module, prefix=0)  # [B, F, D + F] over this module's draft slots
         if self.steps is not None:
-            if is_chain(self.tree):  # one [B, 1, 1] shape for every level: earlier valid slots are seen
-                mask = mask[..., -level.nodes.shape[1] :]
             ones = torch.ones_like(level.ids, dtype=torch.bool)
             h = self.steps(module, level.ids, feature, positions, valid=ones, tree_mask=mask)
         else:
