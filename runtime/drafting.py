@@ -72,7 +72,7 @@ class Drafter:
     ] = ()  # target layers whose hidden states the drafter reads (feature heads)
     step_cost = 0.0  # one drafted level's cost relative to a 1-token target forward (build_drafter sets it)
     # set by the engine on its static path: draft on a preallocated cache of this many slots, with CUDA
-    # graphs where the drafter supports it (EAGLE-3: runtime/static_draft.py); others ignore it
+    # graphs (the model drafters: runtime/static_draft.py); drafters without a model (n-gram) ignore it
     static_slots: int | None = None
 
     def __init__(self) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from draftsmith.runtime.static_forward import Graphed, StaticKVCache, write_slots
+from draftsmith.runtime.static_forward import Graphed, StaticKVCache, capacity_bucket, write_slots
 
 
 class StaticSteps:
@@ -60,10 +60,10 @@ class StaticSteps:
 
 
 def _session(owner, key: tuple, capacity: int, build: Callable[[int], StaticSteps]) -> StaticSteps:
-    """The owner's steps for `key` and at least `capacity` slots (a power of two >= 256), reset; later
+    """The owner's steps for `key` and at least `capacity` slots (`capacity_bucket`), reset; later
     batches of the same key replay the graphs the first captured, as a server captures once. Kept on the
     owner (a cycle the garbage collector frees with it)."""
-    bucket = max(256, 1 << max(capacity - 1, 1).bit_length())
+    bucket = capacity_bucket(capacity)
     sessions = owner.__dict__.setdefault("static_steps", {})
     if (*key, bucket) not in sessions:
         sessions[(*key, bucket)] = build(bucket)

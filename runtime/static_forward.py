@@ -232,6 +232,12 @@ def drop_sessions(target: Target) -> None:
     _SESSIONS.pop(target, None)
 
 
+def capacity_bucket(capacity: int) -> int:
+    """Static caches come in powers of two >= 256 slots, so batches of nearby lengths share one session
+    (its buffers and graphs)."""
+    return max(256, 1 << max(capacity - 1, 1).bit_length())
+
+
 def static_session(
     target: Target, batch: int, capacity: int, capture_layers: tuple[int, ...] = ()
 ) -> GraphedForward:
@@ -239,7 +245,7 @@ def static_session(
     power of two >= 256) for this target, batch size and capture layers. Later batches of the same key
     replay the graphs captured by the first, as a server captures once at start-up, so capture time is
     not paid per request."""
-    bucket = max(256, 1 << max(capacity - 1, 1).bit_length())
+    bucket = capacity_bucket(capacity)
     sessions = _SESSIONS.setdefault(target, {})
     key = (batch, bucket, tuple(capture_layers))
     if key not in sessions:
