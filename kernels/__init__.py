@@ -3,6 +3,7 @@
     from draftsmith import kernels
     kernels.kv_compact(cache_layer, start, keep)                   # KV-cache path compaction, in place
     out = kernels.tree_attention(q, k, v, mask, scale)             # tree-verification attention (GQA)
+    out = kernels.tree_attention_flex(q, k, v, mask, scale)        # the same on FlexAttention (flex.py)
     num, nxt = kernels.chain_accept_greedy(logits, tokens)         # chain verification at temperature 0
     num, nxt = kernels.chain_accept(p, q, tokens, coins, draws)    # exact chain rejection sampling
     path, num, nxt = kernels.tree_accept_greedy(parents, tokens, logits)          # any tree, T = 0
@@ -173,11 +174,7 @@ def tree_accept(
     return impl(parents, tokens, target_probs, draft_probs, coins, draws)
 
 
-def tree_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """q [B, Hq, T, D], k/v [B, Hkv, S, D] (Hq a multiple of Hkv), mask [B, 1, T, S] bool -> [B, Hq, T, D].
-    Every query row must allow at least one key (runtime/masks.py guarantees its own slot)."""
+def _check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> None:
     device = q.device
     _check("q", q, 4, FLOATS, device)
     _check("k", k, 4, (q.dtype,), device)
@@ -188,5 +185,23 @@ def tree_attention(
         raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)}/{tuple(v.shape)} do not match")
     if mask.shape != (batch, 1, nodes, k.shape[2]):
         raise ValueError(f"mask {tuple(mask.shape)}: expected {(batch, 1, nodes, k.shape[2])}")
-    impl = _impl().tree_attention if use_triton(device) else tree_attention_ref
+
+
+def tree_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [B, Hq, T, D], k/v [B, Hkv, S, D] (Hq a multiple of Hkv), mask [B, 1, T, S] bool -> [B, Hq, T, D].
+    Every query row must allow at least one key (runtime/masks.py guarantees its own slot)."""
+    _check_attention(q, k, v, mask)
+    impl = _impl().tree_attention if use_triton(q.device) else tree_attention_ref
     return impl(q, k, v, mask, scale)
+
+
+def tree_attention_flex(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """tree_attention on PyTorch's FlexAttention instead (kernels/flex.py): same inputs, same result."""
+    from draftsmith.kernels.flex import tree_attention_flex as flex
+
+    _check_attention(q, k, v, mask)
+    return flex(q, k, v, mask, scale)

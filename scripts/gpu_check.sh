@@ -6,7 +6,8 @@
 # Then the Triton kernels compiled on CUDA against their references, and scripts/gpu_measure.py: bandwidth,
 # matmul rate, plain decode vs roofline eager and on CUDA graphs (embedded target, random Llama-3.1-8B
 # shape), verification cost for 1..128 nodes at 8B shape (eager and graph replays), end-to-end speedup of
-# the head in runs/eagle3-smollm2-135m/final if carried (eager and +graphs rows).
+# the head in runs/eagle3-smollm2-135m/final if carried (eager and +graphs rows); last, one layer's tree
+# attention at 8B shape, SDPA vs the Triton kernel vs FlexAttention (scripts/attention_bench.py).
 set -uo pipefail
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
@@ -46,3 +47,4 @@ TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu t
 timeout 330 python3 scripts/gpu_measure.py --out "$OUT/measure.json" --target "$TARGET" \
   $([ -d "$HEAD" ] && echo --head "$HEAD") \
   2>&1 | tee "$OUT/measure.log"
+timeout 120 python3 scripts/attention_bench.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"

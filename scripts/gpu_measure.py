@@ -8,8 +8,8 @@
    batch 1, after a warm-up), eager and on the static/CUDA-graph path, interleaved, median of 3, each
    against its memory-bound roofline (goal: >= 75% at 8B shape);
 3. verification cost of one forward over n = 1..128 chain tokens at 8B shape, as a multiple of a
-   1-token step, eager and as graph replays, with SDPA and with draftsmith's tree-attention kernel
-   (goal: 64 nodes <= 1.2x);
+   1-token step, eager and as graph replays, with SDPA, draftsmith's tree-attention kernel and (last,
+   since it compiles) FlexAttention (goal: 64 nodes <= 1.2x);
 4. end to end, if --head is given: plain vs the head (chain and load-aware) on the embedded target
    (draftsmith bench rows; goal: efficiency = speedup / tau >= 0.8);
 5. runtime efficiency (speedup / tau) at 8B shape without a head: n-gram and early-exit drafting, eager
@@ -105,23 +105,32 @@ def verify_curve(target, nodes: list[int]) -> dict:
 
     costs = measure_verify_costs(target, [1], max_nodes=max(nodes), context=512, repeats=5)
     ms = costs.seconds[1]
-    from draftsmith.runtime.kernel_attention import use_kernel_attention
-
     graphed = graphed_verify_ms(target, nodes, context=512)
-    use_kernel_attention(target)  # the same replays with draftsmith's tree-attention kernel in every layer
-    try:
-        kernel = graphed_verify_ms(target, nodes, context=512)
-    finally:
-        use_kernel_attention(target, False)
+    kernel = graphed_verify_with(target, nodes, "triton")
     return {
         "ms": {n: round(1000 * ms[n - 1], 3) for n in nodes},
         "x_one": {n: round(ms[n - 1] / ms[0], 3) for n in nodes},
         "ms_graphs": {n: round(graphed[n], 3) for n in nodes},
         "x_one_graphs": {n: round(graphed[n] / graphed[nodes[0]], 3) for n in nodes},
-        "ms_graphs_kernel_attention": {n: round(kernel[n], 3) for n in nodes},
+        "ms_graphs_kernel_attention": kernel,
     }
 
 
+def graphed_verify_with(target, nodes: list[int], attention: str) -> dict[int, float] | str:
+    """The same replays with draftsmith's Triton kernel ("triton") or FlexAttention ("flex") in every
+    layer; a failure is recorded as its message, so one backend cannot cost the other measurements."""
+    from draftsmith.runtime.kernel_attention import use_kernel_attention
+
+    use_kernel_attention(target, attention)
+    try:
+        return {n: round(ms, 3) for n, ms in graphed_verify_ms(target, nodes, context=512).items()}
+    except Exception as err:  # noqa: BLE001 - recorded, not hidden
+        return f"{type(err).__name__}: {err}"[:500]
+    finally:
+        use_kernel_attention(target, False)
+
+
+@torch.inference_mode()
 def graphed_verify_ms(target, nodes: list[int], context: int, repeats: int = 20) -> dict[int, float]:
     """ms per verification forward of n chain tokens after `context` cached tokens, on the static path
     (a graph replay on CUDA): each call rewrites the same slots, so the cache does not grow."""
@@ -263,6 +272,12 @@ def main() -> None:
     result["efficiency_8b_shape"] = runtime_efficiency(big)  # no head needed: random weights are fine
     save()
     print_table(result)
+    # last (it compiles per shape, and a timeout then loses only this): FlexAttention in the same replays
+    flex = result["verify_8b_shape"]["ms_graphs_flex_attention"] = graphed_verify_with(big, nodes, "flex")
+    save()
+    print(
+        f"\nverification at 8B shape, graph replays with FlexAttention in every layer, ms per nodes: {flex}"
+    )
 
 
 def print_table(r: dict) -> None:
@@ -279,15 +294,16 @@ def print_table(r: dict) -> None:
             f"| {p['share_of_roofline_graphs']} |"
         )
     v = r["verify_8b_shape"]
+    kernel = v["ms_graphs_kernel_attention"]
     print(
         "\n| nodes | ms eager | x one | ms graphs | x one graphs (goal 64 <= 1.2) | ms graphs, kernel attn |"
         "\n|---:|---:|---:|---:|---:|---:|"
     )
     for n, ms in v["ms"].items():
-        print(
-            f"| {n} | {ms} | {v['x_one'][n]} | {v['ms_graphs'][n]} | {v['x_one_graphs'][n]} "
-            f"| {v['ms_graphs_kernel_attention'][n]} |"
-        )
+        cell = kernel[n] if isinstance(kernel, dict) else "error"
+        print(f"| {n} | {ms} | {v['x_one'][n]} | {v['ms_graphs'][n]} | {v['x_one_graphs'][n]} | {cell} |")
+    if isinstance(kernel, str):
+        print(f"kernel attention failed: {kernel}")
     print("\n| 8B shape, batch 1 | tok/s | speedup vs eager plain | tau | efficiency (goal >= 0.8) |")
     print("|---|---:|---:|---:|---:|")
     for row in r["efficiency_8b_shape"]:

@@ -154,6 +154,67 @@ def test_tree_attention_kernel_equals_reference(triton_mode, batch, hq, hkv, pre
     torch.testing.assert_close(kernels.tree_attention(*case), tree_attention_ref(*case), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("batch", "hq", "hkv", "prefix", "dim", "tree"),
+    [(1, 2, 2, 5, 16, "chain:1"), (2, 4, 2, 100, 32, "static:binary-3"), (3, 6, 2, 200, 24, "chain:20")],
+)
+def test_tree_attention_flex_equals_reference(batch, hq, hkv, prefix, dim, tree):
+    """FlexAttention's eager path with the dense mask as its mask_mod; 200 + 21 slots span two KV blocks."""
+    case = attention_case(batch, hq, hkv, prefix, dim, tree)
+    torch.testing.assert_close(
+        kernels.tree_attention_flex(*case), tree_attention_ref(*case), atol=2e-5, rtol=1e-5
+    )
+
+
+def test_flex_block_mask_tiles_and_full_tiles():
+    """dense_block_mask's tiles (built by reductions) cover exactly the tiles create_block_mask's do (the
+    mask_mod evaluated everywhere); the tiles it calls full (the kernel skips their mask_mod) are those the
+    mask fills for every real query row: here a 300-token prefix without holes in row 0, and none in row 1,
+    whose holes (100..259) empty one tile and cut another. The attention over it equals the reference."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from draftsmith.kernels.flex import dense_block_mask
+
+    q, k, v, mask, scale = attention_case(batch=2, prefix=300, tree="static:binary-3")
+    mask[:, :, :, :300] = True
+    mask[1, :, :, 100:260] = False
+    ours = dense_block_mask(mask)
+    theirs = create_block_mask(
+        lambda b, h, i, j: mask[b, 0, i, j], 2, None, mask.shape[2], mask.shape[3], "cpu"
+    )
+    assert torch.equal(ours.kv_num_blocks + ours.full_kv_num_blocks, theirs.kv_num_blocks)  # no full: T < 128
+    assert ours.full_kv_num_blocks.flatten().tolist() == [2, 0]
+    assert ours.kv_num_blocks.flatten().tolist() == [1, 2]
+    assert ours.full_kv_indices[0, 0, 0, :2].tolist() == [0, 1]
+    assert ours.kv_indices[1, 0, 0, :2].tolist() == [0, 2]  # tile 1 is all holes: skipped
+    got = kernels.tree_attention_flex(q, k, v, mask, scale)
+    torch.testing.assert_close(got, tree_attention_ref(q, k, v, mask, scale), atol=2e-5, rtol=1e-5)
+
+
+def test_tree_attention_flex_reads_the_tree_mask():
+    """Negative control: the same nodes under a plain causal mask give other outputs, so the equality above
+    needs the tree's ancestor relation to reach FlexAttention's mask_mod."""
+    q, k, v, mask, scale = attention_case(tree="static:binary-3")
+    nodes = q.shape[2]
+    causal = mask.clone()
+    causal[..., -nodes:] = torch.ones(nodes, nodes, dtype=torch.bool).tril()
+    assert not torch.equal(causal, mask)
+    got = kernels.tree_attention_flex(q, k, v, causal, scale)
+    assert (got - tree_attention_ref(q, k, v, mask, scale)).abs().max() > 1e-2
+
+
+@pytest.mark.slow
+def test_tree_attention_flex_compiled_on_cpu_equals_reference():
+    """The generated kernel (torch.compile, inductor's CPU backend; CUDA uses Triton), not the eager path."""
+    from draftsmith.kernels.flex import tree_attention_flex
+
+    case = attention_case(2, 4, 2, 300, 32, "static:binary-3")
+    case[3][0, :, :, :256] = True  # row 0: two full tiles, whose mask_mod the kernel skips
+    torch.testing.assert_close(
+        tree_attention_flex(*case, compiled=True), tree_attention_ref(*case), atol=2e-5, rtol=1e-5
+    )
+
+
 # ---- dispatch and validation ------------------------------------------------------------------------
 
 
@@ -193,6 +254,8 @@ def test_inputs_are_validated():
         kernels.tree_attention(q, k[:, :, :, :8], v[:, :, :, :8], mask, scale)
     with pytest.raises(ValueError, match="dtype"):
         kernels.tree_attention(q, k.double(), v, mask, scale)
+    with pytest.raises(ValueError, match="mask"):
+        kernels.tree_attention_flex(q, k, v, mask.float(), scale)
 
 
 # ---- on a GPU: compiled kernels at real shapes (scripts/gpu_check.sh runs these) ---------------------
@@ -249,32 +312,58 @@ def test_tree_attention_kernel_on_cuda_at_8b_shape(monkeypatch, dtype, batch, no
     torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype], rtol=0)
 
 
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("batch", "nodes"), [(1, 64), (8, 16)])
+def test_tree_attention_flex_on_cuda_at_8b_shape(dtype, batch, nodes):
+    q, k, v, mask, scale = (
+        t.cuda() if isinstance(t, torch.Tensor) else t
+        for t in attention_case(batch, 32, 8, 2000, 128, f"chain:{nodes - 1}")
+    )
+    mask[0, :, :, :2000] = True  # row 0: full tiles (their mask_mod skipped); the others have holes
+    want = tree_attention_ref(q, k, v, mask, scale)  # fp32
+    got = kernels.tree_attention_flex(q.to(dtype), k.to(dtype), v.to(dtype), mask, scale)  # compiled
+    torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype], rtol=0)
+
+
 # ---- the kernel inside the target's layers (runtime/kernel_attention.py) -----------------------------
 
 
-def test_target_forward_with_kernel_attention_equals_sdpa(triton_mode, monkeypatch):
-    """A prefill (no mask: SDPA) then a tree step (boolean mask: the Triton kernel, interpreted) give the
-    same logits as the target on SDPA; the kernel ran once per layer of the tree step."""
-    target = Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
+def tree_step_logits(target) -> torch.Tensor:
+    """A prefill (no mask: SDPA whatever the switch says) then a tree step (a boolean mask) -> logits."""
     tree = parse_tree_spec("static:binary-3")
     prompt, step = torch.tensor([[7, 8, 9, 10, 11]]), torch.arange(20, 20 + tree.size)[None]
     positions = 5 + torch.tensor(tree.depths)[None]
+    cache = target.new_cache(1, 32)
+    target.forward(prompt, cache)
+    return target.logits(target.forward(step, cache, positions, tree_mask=ancestor_mask(tree)).hidden)
 
-    def tree_step_logits():
-        cache = target.new_cache(1, 32)
-        target.forward(prompt, cache)
-        return target.logits(target.forward(step, cache, positions, tree_mask=ancestor_mask(tree)).hidden)
 
-    want = tree_step_logits()
+@pytest.mark.parametrize("backend", ["triton", "flex"])
+def test_target_forward_with_kernel_attention_equals_sdpa(request, monkeypatch, backend):
+    """The tree step with the Triton kernel (interpreted) or FlexAttention (eager) in every layer gives the
+    same logits as the target on SDPA; it ran once per layer; switching drops captured graphs."""
+    if backend == "triton":
+        request.getfixturevalue("triton_mode")
+    target = Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
+    want = tree_step_logits(target)
     calls = []
-    real = kernels.tree_attention
-    monkeypatch.setattr(kernels, "tree_attention", lambda *a: calls.append(1) or real(*a))
+    name = {"triton": "tree_attention", "flex": "tree_attention_flex"}[backend]
+    real = getattr(kernels, name)
+    monkeypatch.setattr(kernels, name, lambda *a: calls.append(1) or real(*a))
     static_session(target, 1, 16)  # graphs captured now would replay SDPA: switching must drop them
-    use_kernel_attention(target)
+    use_kernel_attention(target, backend)
     assert target not in _SESSIONS
     try:
-        got = tree_step_logits()
+        got = tree_step_logits(target)
     finally:
         use_kernel_attention(target, False)
     assert len(calls) == target.num_layers
     torch.testing.assert_close(got, want, atol=1e-4 * want.abs().max().item(), rtol=0)
+
+
+def test_unknown_attention_backend_is_a_clear_error():
+    target = Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
+    with pytest.raises(ValueError, match="attention: got 'xformers', expected one of"):
+        use_kernel_attention(target, "xformers")
