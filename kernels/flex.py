@@ -1,5 +1,6 @@
 """Tree-verification attention on PyTorch's FlexAttention: the alternative to draftsmith's Triton kernel that
-issue 9 asks to measure against it (`scripts/gpu_measure.py`, attention section). Only torch is imported.
+issue 9 asks to measure against it (scripts/attention_bench.py, scripts/gpu_measure.py). Only torch is
+imported.
 
     out = tree_attention_flex(q, k, v, mask, scale)   # the same signature and result as tree_attention_ref
 
@@ -8,8 +9,8 @@ Kernels") generates a fused kernel from a `mask_mod`; here the mask_mod reads dr
 mask [B, 1, T, S] (prefix validity and the tree's ancestor relation: runtime/masks.py), because a tree's
 shape changes every cycle and is data, not a formula. The block mask is rebuilt from the dense one on every
 call, which is the honest per-step cost (the mask changes every cycle); `block_mask=` lets a benchmark
-separate the two. On CUDA the attention runs compiled (Triton, generated once per shape; the static
-path's graph warm-up compiles before capture); elsewhere it runs FlexAttention's eager path, which
+separate the two. On CUDA the attention runs compiled (Triton kernels generated on the first shapes; the
+static path's graph warm-up compiles before capture); elsewhere it runs FlexAttention's eager path, which
 computes the same math densely (what the CPU tests check against the reference).
 """
 

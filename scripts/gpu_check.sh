@@ -9,6 +9,19 @@
 # the head in runs/eagle3-smollm2-135m/final if carried (eager and +graphs rows); last, one layer's tree
 # attention at 8B shape, SDPA vs the Triton kernel vs FlexAttention (scripts/attention_bench.py).
 set -uo pipefail
+# one budget for the whole check (the device tool's call limit is 10 minutes): each step gets at most
+# its own cap and what is left, and a step with under 20 s left is skipped, with a line saying so
+BUDGET=${GPU_CHECK_BUDGET:-480}
+cap() {  # cap SECONDS -> the timeout for the next step, or 0 to skip it
+  local left=$((BUDGET - SECONDS)); local t=$(( $1 < left ? $1 : left ))
+  if [ "$t" -lt 20 ]; then echo 0; else echo "$t"; fi
+}
+step() {  # step CAP NAME COMMAND...: run COMMAND under `timeout`, or say it was skipped
+  local t; t=$(cap "$1"); local name=$2; shift 2
+  if [ "$t" = 0 ]; then echo "skipped $name: the ${BUDGET}s budget is spent (at ${SECONDS}s)"; return; fi
+  echo "== $name (up to ${t}s, at ${SECONDS}s)"
+  timeout "$t" "$@"
+}
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -34,17 +47,17 @@ export PYTHONPATH=/tmp/draftsmith${PYTHONPATH:+:$PYTHONPATH}
 } 2>&1 | tee "$OUT/gpu.txt"
 # the gpu-marked tests (CUDA engine vs transformers, CUDA-graph replays of verification and draft steps
 # vs eager, bf16 training + EAGLE-3 drafting on CUDA)
-timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu.py \
+step 200 "gpu tests" python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu.py \
   tests/runtime/test_static_forward.py tests/runtime/test_static_draft.py tests/train/test_gpu_train.py \
   2>&1 | tee "$OUT/gpu_tests.log"
 # the CPU trainer suite, on CUDA this time (device auto -> cuda, bf16 autocast); it passed on an H200
 # already (BENCHMARKS.md), so it runs only with GPU_CHECK_TRAINER=1 to leave the 8 minutes to the kernels
 if [ "${GPU_CHECK_TRAINER:-0}" = 1 ]; then
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/train/test_trainer.py 2>&1 | tee "$OUT/trainer_tests_on_cuda.log"
+  step 240 "trainer tests" python3 -m pytest -q -p no:cacheprovider tests/train/test_trainer.py 2>&1 | tee "$OUT/trainer_tests_on_cuda.log"
 fi
 # kernels compiled by Triton on the GPU (not the interpreter), at real shapes
-TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tee "$OUT/kernel_tests.log"
-timeout 330 python3 scripts/gpu_measure.py --out "$OUT/measure.json" --target "$TARGET" \
+TRITON_INTERPRET=0 step 150 "kernel tests" python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tee "$OUT/kernel_tests.log"
+step 330 "measurements" python3 scripts/gpu_measure.py --out "$OUT/measure.json" --target "$TARGET" \
   $([ -d "$HEAD" ] && echo --head "$HEAD") \
   2>&1 | tee "$OUT/measure.log"
-timeout 120 python3 scripts/attention_bench.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
+step 120 "attention bench" python3 scripts/attention_bench.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
