@@ -14,7 +14,9 @@ Per row (method, temperature, batch size): tokens/s and speedup over `plain` (su
 time), the median per-batch speedup, TTFT and TPOT per request (median and p90), tau = new tokens / target
 forwards, acceptance per draft position, the distribution of accepted lengths, efficiency = speedup / tau,
 and at temperature 0 `greedy_identical`: every request's tokens equal plain decoding's, with the first
-mismatches listed (never averaged away). Rows are reported by `bench_report.py`.
+mismatches listed (never averaged away), each judged by reliability.md A11's near-tie rule (bf16 and GPU
+numerics may flip a tie of the target's logits; a wrong token is never a near-tie). Rows are reported
+by `bench_report.py`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class GroupRun:
 
     wall_s: float  # all turns; the median over repeats
     turns: list[tuple[list[int], BatchOutput]] = field(default_factory=list)  # (conversation ids, output)
+    prompts: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (turn, conversation) -> ids
 
 
 def encode_turn(target, conv: BenchPrompt, answers: list[str], turn: int, chat: bool) -> list[int]:
@@ -61,6 +64,7 @@ def run_group(method, target, convs: list[BenchPrompt], params, max_new: int, se
         out = method.run(prompts, params, max_new, seed + 7919 * turn)
         run.wall_s += out.wall_s
         run.turns.append((ids, out))
+        run.prompts.update({(turn, i): prompt for i, prompt in zip(ids, prompts, strict=True)})
         for i, tokens in zip(ids, out.token_ids, strict=True):
             answers[i].append(target.decode(tokens))
     return run
@@ -122,7 +126,9 @@ def quantiles(values: list[float]) -> dict:
     }
 
 
-def summarize(name: str, runs: list[GroupRun], plain: list[GroupRun], params, batch: int, convs) -> dict:
+def summarize(
+    name: str, runs: list[GroupRun], plain: list[GroupRun], params, batch: int, convs, target=None
+) -> dict:
     reqs, plain_reqs = requests(runs), requests(plain)
     tokens = sum(len(r[1]) for r in reqs)
     wall = sum(r.wall_s for r in runs)
@@ -157,7 +163,7 @@ def summarize(name: str, runs: list[GroupRun], plain: list[GroupRun], params, ba
     }
     row.update(spec_fields(runs, tokens, row["speedup_vs_plain"]))
     if params.greedy:
-        row.update(greedy_fields(reqs, plain_reqs))
+        row.update(greedy_fields(reqs, plain_reqs, runs, target))
     return row
 
 
@@ -187,15 +193,35 @@ def spec_fields(runs: list[GroupRun], tokens: int, speedup: float) -> dict:
     return fields
 
 
-def greedy_fields(reqs, plain_reqs) -> dict:
+def greedy_fields(reqs, plain_reqs, runs: list[GroupRun], target=None) -> dict:
+    """Temperature 0: `greedy_identical` (every request's tokens equal plain decoding's) and, when some
+    differ, each first mismatch judged by reliability.md A11 (runtime/near_tie.py: the target's logit gap
+    between the two tokens there, needs `target`). A later turn whose prompt already differs (it follows
+    the method's own earlier answer) takes its conversation's earlier verdict. `greedy_near_ties_only`:
+    every difference is a near-tie, as bf16 or GPU numerics give; never true of a wrong token."""
+    from draftsmith.runtime.near_tie import first_mismatch
+
     reference = {key: tokens for key, tokens, _, _ in plain_reqs}
-    mismatches = []
-    for key, tokens, _, _ in reqs:
+    mismatches, verdicts = [], {}  # verdicts: (group, conversation) -> near-tie of its first mismatch
+    for key, tokens, _, _ in sorted(reqs, key=lambda r: r[0][1]):  # turn order: earlier verdicts first
         ref = reference[key]
-        if tokens != ref:
+        if tokens == ref:
+            continue
+        group, turn, conv = key
+        entry = {"group": group, "turn": turn, "prompt": conv}
+        if (group, conv) in verdicts:
+            entry.update(first_mismatch_pos=None, near_tie=verdicts[group, conv], after_earlier_turn=True)
+        elif target is None:
             pos = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), min(len(tokens), len(ref)))
-            mismatches.append({"group": key[0], "turn": key[1], "prompt": key[2], "first_mismatch_pos": pos})
-    return {"greedy_identical": not mismatches, "greedy_mismatches": mismatches[:10]}
+            entry.update(first_mismatch_pos=pos, near_tie=False)
+        else:
+            entry.update(first_mismatch(target, runs[group].prompts[turn, conv], tokens, ref).as_dict())
+        verdicts.setdefault((group, conv), entry["near_tie"])
+        mismatches.append(entry)
+    fields = {"greedy_identical": not mismatches, "greedy_mismatches": mismatches[:10]}
+    if mismatches:
+        fields["greedy_near_ties_only"] = all(m["near_tie"] for m in mismatches)
+    return fields
 
 
 def category_rows(per: dict, convs: list[BenchPrompt], params) -> list[dict]:

@@ -148,7 +148,7 @@ def run_block(req: BenchRequest, target, methods: dict, convs, temperature: floa
             runnable[name] = method
     max_new, repeats, seed, chat = req.max_new_tokens, req.repeats, req.seed, req.chat
     per = compare_at(runnable, target, convs, params, max_new, batch, repeats, seed, chat)
-    block = [summarize(name, runs, per["plain"], params, batch, convs) for name, runs in per.items()]
+    block = [summarize(name, runs, per["plain"], params, batch, convs, target) for name, runs in per.items()]
     add_depth_shares(block, methods, batch)
     if batch == 1:
         meta["categories"] += category_rows(per, convs, params)

@@ -48,7 +48,7 @@ export PYTHONPATH=/tmp/draftsmith${PYTHONPATH:+:$PYTHONPATH}
 # the gpu-marked tests (CUDA engine vs transformers, CUDA-graph replays of verification and draft steps
 # vs eager, bf16 training + EAGLE-3 drafting on CUDA)
 step 200 "gpu tests" python3 -m pytest -q -p no:cacheprovider -m gpu tests/runtime/test_gpu.py \
-  tests/runtime/test_static_forward.py tests/runtime/test_static_draft.py tests/train/test_gpu_train.py \
+  tests/runtime/test_static_forward.py tests/runtime/test_static_draft.py tests/runtime/test_near_tie.py tests/train/test_gpu_train.py \
   2>&1 | tee "$OUT/gpu_tests.log"
 # the CPU trainer suite, on CUDA this time (device auto -> cuda, bf16 autocast); it passed on an H200
 # already (BENCHMARKS.md), so it runs only with GPU_CHECK_TRAINER=1 to leave the 8 minutes to the kernels
