@@ -199,7 +199,7 @@ def greedy_fields(reqs, plain_reqs, runs: list[GroupRun], target=None) -> dict:
     between the two tokens there, needs `target`). A later turn whose prompt already differs (it follows
     the method's own earlier answer) takes its conversation's earlier verdict. `greedy_near_ties_only`:
     every difference is a near-tie, as bf16 or GPU numerics give; never true of a wrong token."""
-    from draftsmith.runtime.near_tie import first_mismatch
+    from draftsmith.runtime.near_tie import first_difference, first_mismatch
 
     reference = {key: tokens for key, tokens, _, _ in plain_reqs}
     mismatches, verdicts = [], {}  # verdicts: (group, conversation) -> near-tie of its first mismatch
@@ -212,8 +212,7 @@ def greedy_fields(reqs, plain_reqs, runs: list[GroupRun], target=None) -> dict:
         if (group, conv) in verdicts:
             entry.update(first_mismatch_pos=None, near_tie=verdicts[group, conv], after_earlier_turn=True)
         elif target is None:
-            pos = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), min(len(tokens), len(ref)))
-            entry.update(first_mismatch_pos=pos, near_tie=False)
+            entry.update(first_mismatch_pos=first_difference(tokens, ref), near_tie=False)
         else:
             entry.update(first_mismatch(target, runs[group].prompts[turn, conv], tokens, ref).as_dict())
         verdicts.setdefault((group, conv), entry["near_tie"])

@@ -56,12 +56,19 @@ def next_logits(target, ids: list[int]) -> torch.Tensor:
     return target.logits(target.forward(x, cache).hidden[:, -1])[0]
 
 
+def first_difference(got: list[int], want: list[int]) -> int | None:
+    """The first index where two token lists differ (the shorter one's length if one extends the other)."""
+    if got == want:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
 def first_mismatch(target, prompt: list[int], got: list[int], want: list[int]) -> Mismatch | None:
     """Compare a run's new tokens with plain decoding's (`want`) -> None when identical, else the first
     difference with the target's logit gap between the two tokens there."""
-    if got == want:
+    pos = first_difference(got, want)
+    if pos is None:
         return None
-    pos = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     mine = got[pos] if pos < len(got) else None
     theirs = want[pos] if pos < len(want) else None
     if mine is None or theirs is None:  # one run stopped where the other went on: no tie to weigh
