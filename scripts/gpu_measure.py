@@ -313,7 +313,9 @@ def print_table(r: dict) -> None:
         print(
             f"{row['method']} b={row['batch_size']}: {row['tokens_per_s']} tok/s, "
             f"speedup {row['speedup_vs_plain']}, "
-            f"tau {row.get('mean_accepted')}, efficiency {row.get('efficiency')}"
+            f"tau {row.get('mean_accepted')}, efficiency {row.get('efficiency')}, greedy identical "
+            f"{row.get('greedy_identical')}"
+            + (f" (near-ties only: {row['greedy_near_ties_only']})" if "greedy_near_ties_only" in row else "")
         )
 
 
