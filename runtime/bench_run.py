@@ -49,6 +49,9 @@ class BenchRequest:
     roofline: bool = True
     device: str = "auto"
     dtype: str = "auto"
+    attention: str = (
+        "sdpa"  # the target's masked attention: sdpa, triton or flex (runtime/kernel_attention.py)
+    )
     command: str = ""
 
     def method_specs(self) -> list[str]:
@@ -94,6 +97,10 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     convs = load_bench_prompts(req.prompts, req.num_prompts, req.categories)
     specs = req.method_specs()
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
+    if req.attention != "sdpa":
+        from draftsmith.runtime.kernel_attention import use_kernel_attention
+
+        use_kernel_attention(target, req.attention)
     if req.batch_sizes is None:
         req.batch_sizes = GPU_BATCH_SIZES if target.device.type == "cuda" else CPU_BATCH_SIZES
     check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)

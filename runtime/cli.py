@@ -15,7 +15,13 @@ import logging
 import sys
 import time
 
-from draftsmith.runtime.cli_args import Formatter, add_target_args, finite_float_arg, int_arg
+from draftsmith.runtime.cli_args import (
+    Formatter,
+    add_attention_arg,
+    add_target_args,
+    finite_float_arg,
+    int_arg,
+)
 from draftsmith.runtime.cli_bench import add_bench
 from draftsmith.runtime.cli_data import add_data
 from draftsmith.runtime.cli_export import add_export
@@ -86,6 +92,7 @@ def add_generate(sub) -> None:
         "the target's verification and the drafter's steps (on a CPU the same static path runs without "
         "graphs)",
     )
+    add_attention_arg(p)
     p.set_defaults(run=run_generate)
 
 
@@ -108,6 +115,10 @@ def run_generate(args: argparse.Namespace) -> None:
         raise BadInputError("--batch-size", args.batch_size, "an integer >= 1")
     texts = [args.prompt] if args.prompt is not None else read_prompts_file(args.prompts)
     target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    if args.attention != "sdpa":
+        from draftsmith.runtime.kernel_attention import use_kernel_attention
+
+        use_kernel_attention(target, args.attention)
     drafter = build_drafter(args.draft, target, tree)
     prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
     policy = None

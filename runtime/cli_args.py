@@ -41,3 +41,14 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16")
+
+
+def add_attention_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--attention",
+        choices=["sdpa", "triton", "flex"],
+        default="sdpa",
+        help="the target's attention where draftsmith passes a mask (tree steps, padded batches): sdpa "
+        "(default), triton (draftsmith's kernel on CUDA, its reference elsewhere) or flex (FlexAttention, "
+        "compiled on CUDA); unmasked causal steps stay on SDPA",
+    )

@@ -6,7 +6,7 @@ import argparse
 import shlex
 
 from draftsmith.runtime.bench_types import BASELINE_KINDS, is_baseline
-from draftsmith.runtime.cli_args import Formatter, add_target_args, int_arg
+from draftsmith.runtime.cli_args import Formatter, add_attention_arg, add_target_args, int_arg
 from draftsmith.runtime.errors import BadInputError
 
 
@@ -62,6 +62,7 @@ def add_bench(sub) -> None:
         ),
     )
     add_target_args(p)
+    add_attention_arg(p)
     p.add_argument(
         "--draft",
         action="append",
@@ -132,6 +133,7 @@ def run_bench_cli(args: argparse.Namespace) -> None:
         roofline=not args.no_roofline,
         device=args.device,
         dtype=args.dtype,
+        attention=args.attention,
         command="draftsmith " + " ".join(shlex.quote(a) for a in args.argv),
     )
     run_bench(request)

@@ -15,6 +15,7 @@ three ways).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -53,3 +54,20 @@ def use_kernel_attention(target, on: bool | str = True) -> None:
     AttentionInterface.register(NAMES["flex"], functools.partial(tree_attention_forward, flex=True))
     target.model.set_attn_implementation(NAMES[on])
     drop_sessions(target)  # graphs captured with the other attention would replay it
+
+
+@contextlib.contextmanager
+def transformers_sdpa(target):
+    """transformers' own SDPA for the duration, whatever draftsmith's switch says. Its generate() (the `hf`
+    baselines) masks left-padding query rows entirely, which its SDPA path special-cases and the kernels
+    do not take (every row must see one key: runtime/masks.py guarantees that for draftsmith's engine).
+    draftsmith's captured graphs stay valid: they never run inside."""
+    current = target.model.config._attn_implementation
+    if current == NAMES[False]:
+        yield
+        return
+    target.model.set_attn_implementation(NAMES[False])
+    try:
+        yield
+    finally:
+        target.model.set_attn_implementation(current)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from draftsmith.runtime.kernel_attention import transformers_sdpa
 from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.target import Target
 
@@ -43,15 +44,16 @@ def hf_generate_batch(
     pad = target.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
-    out = target.model.generate(
-        input_ids,
-        attention_mask=mask,
-        **sampling,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=target.eos_token_ids,
-        pad_token_id=pad,
-        **generate_kwargs,
-    )
+    with transformers_sdpa(target):  # the baseline is transformers as users run it, whatever --attention says
+        out = target.model.generate(
+            input_ids,
+            attention_mask=mask,
+            **sampling,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=target.eos_token_ids,
+            pad_token_id=pad,
+            **generate_kwargs,
+        )
     rows = []
     for row in out[:, width:].tolist():
         ends = [i for i, tok in enumerate(row) if tok in target.eos_token_ids]

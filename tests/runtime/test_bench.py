@@ -253,6 +253,7 @@ def test_multi_turn_questions_through_the_command(tiny_dir, tmp_path, machine_ca
         (["--draft", "ngram", "--tree", "auto:99"], "auto:K"),
         (["--baselines", "hf-assisted:/nowhere"], "nowhere"),
         (["--draft", "hf@chain:2+graphs"], "+graphs"),
+        (["--attention", "xformers"], "--attention"),
     ],
 )
 def test_bad_bench_input_exits_2(tiny_dir, tmp_path, machine_cache, capsys, extra, message):
@@ -261,6 +262,29 @@ def test_bad_bench_input_exits_2(tiny_dir, tmp_path, machine_cache, capsys, extr
         argv += ["--prompts", "humaneval"]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("attention", ["flex", "triton"])
+def test_bench_with_kernel_attention_is_greedy_identical(tiny_dir, tmp_path, machine_cache, attention):
+    """`--attention flex|triton` (FlexAttention eager, the kernel's reference on this CPU) in every layer of
+    the target, for draftsmith's engine and transformers' generate() alike: every row equals plain."""
+    out = tmp_path / "bench"
+    argv = ["bench", "--target", str(tiny_dir), "--draft", "self:layers=2@static:binary-3", "--attention"]
+    argv += [attention, "--baselines", "plain,hf", "--prompts", "humaneval", "--num-prompts", "2"]
+    argv += [
+        "--max-new-tokens",
+        "6",
+        "--batch-sizes",
+        "1,2",
+        "--out",
+        str(out),
+        "--no-plots",
+        "--no-roofline",
+    ]
+    assert main(argv) == 0
+    rows = json.loads((out / "results.json").read_text())
+    assert len(rows) == 6 and all(r["greedy_identical"] for r in rows), rows
+    assert json.loads((out / "meta.json").read_text())["request"]["attention"] == attention
 
 
 def test_hf_assisted_baseline_runs_at_batch_1_only(tiny_dir, tmp_path, machine_cache):

@@ -207,7 +207,7 @@ def test_cuda_graph_replay_equals_the_eager_static_forward():
 
 def test_generate_cli_with_cuda_graphs_flag_gives_the_same_tokens(tiny_dir, capsys):
     """`generate --cuda-graphs` (the static path; eager on this CPU) prints the same tokens, plain and
-    speculative."""
+    speculative, and so does a tree draft with `--attention flex` (FlexAttention in every layer)."""
     import json
 
     from draftsmith.runtime.cli import main
@@ -215,7 +215,9 @@ def test_generate_cli_with_cuda_graphs_flag_gives_the_same_tokens(tiny_dir, caps
     argv = ["generate", "--target", str(tiny_dir), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "12"]
     argv += ["--json", "--device", "cpu"]
     outputs = []
-    for extra in ([], ["--cuda-graphs"], ["--draft", "ngram", "--cuda-graphs"]):
+    tree = ["--draft", "self:layers=1", "--tree", "static:binary-3"]
+    runs = ([], ["--cuda-graphs"], ["--draft", "ngram", "--cuda-graphs"], [*tree, "--attention", "flex"])
+    for extra in runs:
         assert main([*argv, *extra]) == 0
         outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
-    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) == 12
+    assert outputs[0] == outputs[1] == outputs[2] == outputs[3] and len(outputs[0]) == 12
