@@ -3,6 +3,7 @@
 # on CUDA (bf16 autocast). Writes gpu.txt and the test logs under $OUT (default runs/gpu-check).
 #   bash scripts/gpu_check.sh            # from the repository root; carry .whl (datasets, dill, multiprocess)
 #   and, for the end-to-end rows with the trained head, first the two calls of scripts/gpu_carry.py
+#   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh   # every step on a CPU with tiny shapes (about 1 minute)
 # Then the Triton kernels compiled on CUDA against their references, and scripts/gpu_measure.py: bandwidth,
 # matmul rate, plain decode vs roofline eager and on CUDA graphs (embedded target, random Llama-3.1-8B
 # shape), verification cost for 1..128 nodes at 8B shape (eager and graph replays), end-to-end speedup of
@@ -24,6 +25,13 @@ step() {  # step CAP NAME COMMAND...: run COMMAND under `timeout`, or say it was
 }
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
+# GPU_CHECK_DRY_RUN=1: every step on this machine's CPU with tiny shapes and no head, to check the script
+# itself before a lease is spent on it (the gpu-marked tests skip without CUDA)
+MEASURE_ARGS=() ATTENTION_ARGS=()
+if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
+  MEASURE_ARGS=(--small --device cpu)
+  ATTENTION_ARGS=(--device cpu --context 256 --batches 1 --nodes 1,16 --rounds 1 --calls 1)
+fi
 export PYTHONUNBUFFERED=1
 WHEELS=$(ls .whl/*.whl .gpu_carry/b/whl/*.whl 2>/dev/null)
 if [ -n "$WHEELS" ]; then  # packages the machine lacks, carried as wheels
@@ -38,6 +46,8 @@ if [ -f .gpu_carry/b/manifest.json ]; then
   GGUF=$(python3 scripts/gpu_carry.py join --to /tmp/carry) && TARGET=$GGUF && HEAD=.gpu_carry/b/head
   echo "carried target: $TARGET (${GGUF:-join failed}), head: $HEAD"
 fi
+if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then HEAD=; fi  # the head's end-to-end rows take minutes on a CPU
+rm -rf /tmp/draftsmith
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/draftsmith . \
   || { echo "install failed"; exit 1; }
 export PYTHONPATH=/tmp/draftsmith${PYTHONPATH:+:$PYTHONPATH}
@@ -58,6 +68,6 @@ fi
 # kernels compiled by Triton on the GPU (not the interpreter), at real shapes
 TRITON_INTERPRET=0 step 150 "kernel tests" python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tee "$OUT/kernel_tests.log"
 step 330 "measurements" python3 scripts/gpu_measure.py --out "$OUT/measure.json" --target "$TARGET" \
-  $([ -d "$HEAD" ] && echo --head "$HEAD") \
+  $([ -n "$HEAD" ] && [ -d "$HEAD" ] && echo --head "$HEAD") "${MEASURE_ARGS[@]}" \
   2>&1 | tee "$OUT/measure.log"
-step 120 "attention bench" python3 scripts/attention_bench.py --out "$OUT/attention.json" 2>&1 | tee "$OUT/attention.log"
+step 120 "attention bench" python3 scripts/attention_bench.py --out "$OUT/attention.json" "${ATTENTION_ARGS[@]}" 2>&1 | tee "$OUT/attention.log"
