@@ -33,7 +33,7 @@ from draftsmith.kernels.reference import tree_attention_ref
 HEADS, KV_HEADS, DIM = 32, 8, 128
 
 
-def case(batch: int, nodes: int, context: int, device, dtype):
+def case(batch: int, nodes: int, context: int, device):
     """q [B, 32, n, 128], k/v [B, 8, context + n, 128], mask [B, 1, n, context + n] (prefix + causal)."""
     g = torch.Generator().manual_seed(nodes)
     q = torch.randn(batch, HEADS, nodes, DIM, generator=g)
@@ -71,7 +71,7 @@ def measure(device, dtype, batches, nodes, context, rounds, calls, compiled=None
     fns, rows = methods(device, compiled), []
     for batch in batches:
         for n in nodes:
-            (q, k, v), mask = case(batch, n, context, device, dtype)
+            (q, k, v), mask = case(batch, n, context, device)
             want = tree_attention_ref(q, k, v, mask, DIM**-0.5)  # fp32 oracle
             q, k, v = (t.to(dtype) for t in (q, k, v))
             inputs = (q, k, v, mask, DIM**-0.5, dense_block_mask(mask))
