@@ -41,6 +41,7 @@ from draftsmith.train.heads import HEAD_KINDS
 from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_setup
 
 log = logging.getLogger("draftsmith")
+PRECISION_NAMES = {"no": "fp32", "bf16": "bf16 mixed precision", "fp16": "fp16 mixed precision"}
 
 
 class NonFiniteError(DraftsmithError):
@@ -77,18 +78,50 @@ def build_accelerator(cfg, log_with):
         from accelerate.state import AcceleratorState  # (the demo, tests) may use other settings
 
         AcceleratorState._reset_state(reset_partial_state=True)
-    precision = cfg.train.mixed_precision
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() else "no"
-    if not deepspeed:  # DeepSpeed takes precision from its JSON
-        kwargs["mixed_precision"] = precision
-    return Accelerator(
+    # Every strategy gets the precision explicitly. Under DeepSpeed, Accelerate fills the JSON's
+    # bf16/fp16 "auto" from it; given none, it reads ACCELERATE_MIXED_PRECISION, whose default "no"
+    # silently trained ZeRO-2/3 runs on GPUs in fp32.
+    precision = requested_precision(cfg, torch.cuda.is_available())
+    accelerator = Accelerator(
         gradient_accumulation_steps=cfg.train.grad_accum,
         log_with=log_with,
         project_dir=cfg.output_dir,
         kwargs_handlers=handlers,
+        mixed_precision=precision,
         **kwargs,
     )
+    return accelerator, effective_precision(accelerator, cfg, precision)
+
+
+def requested_precision(cfg, cuda: bool) -> str:
+    """What `train.mixed_precision` asks for: "auto" is bf16 on a GPU, fp32 ("no") on a CPU."""
+    precision = cfg.train.mixed_precision
+    if precision == "auto":
+        precision = "bf16" if cuda else "no"
+    return precision
+
+
+def deepspeed_precision(ds_config: dict) -> str:
+    """The precision a (filled) DeepSpeed config trains in: bf16, fp16 or "no" (fp32)."""
+    for name in ("bf16", "fp16"):
+        if str(ds_config.get(name, {}).get("enabled", False)).lower() == "true":
+            return name
+    return "no"
+
+
+def effective_precision(accelerator, cfg, requested: str) -> str:
+    """The precision the run trains in; a DeepSpeed JSON overriding an explicit config is refused."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return requested
+    actual = deepspeed_precision(plugin.deepspeed_config)
+    if actual != requested and cfg.train.mixed_precision != "auto":
+        raise BadInputError(
+            "train.mixed_precision",
+            cfg.train.mixed_precision,
+            f"{actual!r}, what the DeepSpeed config enables (or set its bf16/fp16 'enabled' to \"auto\")",
+        )
+    return actual
 
 
 def fill_deepspeed_config(accelerator, cfg) -> None:
@@ -139,7 +172,15 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         log_with = tracker_setup(cfg.log.tracker, self.out)
-        self.acc = acc = build_accelerator(cfg, log_with)
+        self.acc, self.precision = build_accelerator(cfg, log_with)
+        acc = self.acc
+        log.info(
+            "training precision: %s (%s, %d process(es))",
+            PRECISION_NAMES[self.precision],
+            acc.distributed_type.value,
+            acc.num_processes,
+        )
+        cfg.train.mixed_precision = self.precision  # config.yaml records what the run trained in
         from accelerate.utils import set_seed
 
         if not acc.is_main_process:  # one process tells the story
