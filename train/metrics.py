@@ -38,8 +38,13 @@ def tracker_setup(tracker: str, output_dir: Path) -> str | None:
         if not os.environ.get("WANDB_API_KEY") and "WANDB_MODE" not in os.environ:
             os.environ["WANDB_MODE"] = "offline"
             log.info("wandb: no WANDB_API_KEY, logging offline (wandb sync %s/wandb/... later)", output_dir)
-        os.environ.setdefault("WANDB_DIR", str(output_dir))
     return tracker
+
+
+def tracker_kwargs(tracker: str, output_dir: Path) -> dict:
+    """Per-run tracker settings: wandb writes under this run's folder (an environment variable would
+    outlive the run and send a second run in the same process, the demo's or a test's, to the first's)."""
+    return {"wandb": {"dir": str(output_dir)}} if tracker == "wandb" else {}
 
 
 class MetricsWriter:

@@ -38,7 +38,7 @@ from draftsmith.train.checkpoints import (
 from draftsmith.train.data_steps import SampleOrder, TrainRows, ensure_data
 from draftsmith.train.eagle3_objective import simulated_tau
 from draftsmith.train.heads import HEAD_KINDS
-from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_setup
+from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_kwargs, tracker_setup
 
 log = logging.getLogger("draftsmith")
 PRECISION_NAMES = {"no": "fp32", "bf16": "bf16 mixed precision", "fp16": "fp16 mixed precision"}
@@ -234,7 +234,9 @@ class Trainer:
             save_config(cfg, self.out / "config.yaml")
             self.metrics = MetricsWriter(self.out, self.step)
         if log_with:
-            acc.init_trackers(cfg.log.project, config=_flat(asdict(cfg)))
+            acc.init_trackers(
+                cfg.log.project, config=_flat(asdict(cfg)), init_kwargs=tracker_kwargs(log_with, self.out)
+            )
 
     # ---- resume ---------------------------------------------------------------------------------------
     def resume(self) -> int:

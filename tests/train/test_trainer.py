@@ -287,17 +287,69 @@ def test_lr_schedule_warms_up_then_decays_to_the_floor():
 
 
 @pytest.mark.parametrize("tracker", ["tensorboard", "wandb"])
-def test_trackers_write_local_files(tiny_dir, source, data_dir, tmp_path, monkeypatch, tracker):
-    pytest.importorskip(tracker)
+def test_trackers_write_the_runs_metrics_to_its_folder(
+    tiny_dir, source, data_dir, tmp_path, monkeypatch, tracker
+):
+    """Both trackers are installed by `make test` (the dev extra): wandb runs offline without a key, and
+    each run's tracker files land in its own folder, holding the losses metrics.jsonl holds."""
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
-    out = tmp_path / tracker
-    train(config(tiny_dir, source, data_dir, out, "train.max_steps=2", f"log.tracker={tracker}"))
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    for name in ("first", "second"):  # a second run in one process must not write into the first's
+        out = tmp_path / name
+        train(config(tiny_dir, source, data_dir, out, "train.max_steps=2", f"log.tracker={tracker}"))
+        expected = {r["step"]: r["loss"] for r in metrics(out)}
+        assert sorted(expected) == [1, 2]
+        assert tracked_losses(tracker, out) == pytest.approx(expected, rel=1e-6)  # tracker files: float32
     if tracker == "wandb":
         assert os.environ["WANDB_MODE"] == "offline"
-        assert list((out / "wandb").glob("offline-run-*"))
-    else:
-        assert list(out.rglob("events.out.tfevents.*"))
+        assert len(list((tmp_path / "first" / "wandb").glob("offline-run-*"))) == 1
+
+
+def tracked_losses(tracker: str, out) -> dict:
+    """{step: train loss} as the tracker stored it in the run folder."""
+    if tracker == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        losses = {}
+        for events in out.rglob("events.out.tfevents.*"):  # Accelerate may open a writer per folder
+            acc = EventAccumulator(str(events))
+            acc.Reload()
+            if "train/loss" in acc.Tags()["scalars"]:
+                losses.update({e.step: e.value for e in acc.Scalars("train/loss")})
+        return losses
+    (run_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    return {row["train/step"]: row["train/loss"] for row in wandb_history(run_file) if "train/loss" in row}
+
+
+def wandb_history(path):
+    """History rows of an offline wandb run file: wandb's record log (a 7-byte ':W&B' header, then 32 KiB
+    blocks of records, each a 7-byte header `crc32 u32, length u16, kind u8` and a chunk; kinds 1 full,
+    2 first, 3 middle, 4 last) whose records are `wandb_internal_pb2.Record` protobufs."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    pos, chunks = 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:
+            continue
+        chunks = chunk if kind in (1, 2) else chunks + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(chunks)
+            if record.WhichOneof("record_type") == "history":
+                yield {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
 
 
 def test_offline_mode_trains_exactly_like_online(tiny_dir, source, data_dir, tmp_path):
