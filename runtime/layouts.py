@@ -1,4 +1,4 @@
-"""EAGLE-3 heads in the layouts engines load, and back (mission_anchors.md parts b1, b2, c).
+"""EAGLE-3 heads in the layouts engines load, and back (docs/architecture.md, 5.5-5.7).
 
     config, tensors = to_official(head, engine="sglang")  # LlamaForCausalLMEagle3, midlayer.*
     config, tensors = to_speculators(head)                 # vLLM's native layout, layers.0.*
@@ -13,13 +13,12 @@ config. The one trap is the aux-layer ids: the same integers mean different tens
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.artifacts import check_tensors, tokenizer_hash, validate_draft_vocab
+from draftsmith.runtime.artifacts import check_tensors, load_tensors, tokenizer_hash, validate_draft_vocab
 from draftsmith.runtime.aux_layers import (
     AUX_LAYER_CONVENTION,
     default_aux_layers,
@@ -28,7 +27,7 @@ from draftsmith.runtime.aux_layers import (
     to_engine_ids,
 )
 from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head, check_head_matches_target
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, read_json
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +93,15 @@ def _provenance(cfg: Eagle3Config) -> dict:
     }
 
 
-def _norm_flags(cfg: Eagle3Config) -> dict:
-    return {"fc_norm": cfg.fc_norm, "norm_before_fc": cfg.norm_before_fc, "norm_output": cfg.norm_output}
+def _norm_flags(cfg: Eagle3Config, official: bool = False) -> dict:
+    """The EAGLE-3.1 flags. The official layout writes `norm_output` only when true: SpecForge
+    (a6b6b02, llama3_eagle.py:1690) reads a missing key as True and a false one as "no final norm
+    before lm_head", which our head always applies; SGLang and vLLM treat a missing key as false.
+    tests/train/test_export_reader_defaults.py checks each reader's defaults against the head."""
+    flags = {"fc_norm": cfg.fc_norm, "norm_before_fc": cfg.norm_before_fc, "norm_output": cfg.norm_output}
+    if official and not cfg.norm_output:
+        del flags["norm_output"]
+    return flags
 
 
 def to_official(head: Eagle3Head, engine: str = "sglang") -> tuple[dict, dict[str, torch.Tensor]]:
@@ -128,7 +134,7 @@ def to_official(head: Eagle3Head, engine: str = "sglang") -> tuple[dict, dict[st
             "eagle_aux_hidden_state_layer_ids": to_engine_ids(cfg.aux_layer_ids, engine),
             "use_aux_hidden_state": True,
         },
-        **_norm_flags(cfg),
+        **_norm_flags(cfg, official=True),
         "torch_dtype": str(dtype).removeprefix("torch."),
         "draftsmith": {**_provenance(cfg), "aux_ids_written_for": engine},
     }
@@ -193,7 +199,7 @@ def _architectures(verifier: str) -> list[str]:
     reads), else Llama's (every target draftsmith drives is Llama-family)."""
     config = Path(verifier).expanduser() / "config.json"
     if config.is_file():
-        return list(json.loads(config.read_text()).get("architectures") or ["LlamaForCausalLM"])
+        return list(read_json(config, "--verifier").get("architectures") or ["LlamaForCausalLM"])
     return ["LlamaForCausalLM"]
 
 
@@ -257,7 +263,7 @@ def _config_from_engine(config: dict, layout: str, target, ids: str) -> Eagle3Co
         layer=layer,
         fc_norm=bool(config.get("fc_norm")),
         norm_before_fc=bool(config.get("norm_before_fc")),
-        # vLLM reads a missing flag as True (mission_anchors.md b2); the official layout has no such flag
+        # vLLM reads a missing flag as True (speculators/algos.py); the official layout has no such flag
         norm_before_residual=bool(config.get("norm_before_residual", layout == "speculators")),
         num_layers=layers,
         norm_output=bool(config.get("norm_output")),
@@ -324,8 +330,6 @@ def _our_names(tensors: dict[str, torch.Tensor], layout: str, cfg: Eagle3Config)
 def load_eagle3(source: str, target=None) -> Eagle3Head:
     """`--draft eagle3:SOURCE`: a folder in any supported layout or a Hub id (downloaded with
     huggingface_hub), optionally suffixed `#ids=input|output` to say how a foreign head's aux ids read."""
-    from safetensors.torch import load_file
-
     source, _, option = source.partition("#")
     ids = option.removeprefix("ids=") if option else "auto"
     if option and (not option.startswith("ids=") or ids not in ("auto", "input", "output")):
@@ -333,13 +337,13 @@ def load_eagle3(source: str, target=None) -> Eagle3Head:
             "--draft", f"eagle3:{source}#{option}", "eagle3:DIR or eagle3:DIR#ids=input|output"
         )
     folder = _resolve(source)
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json(folder / "config.json", "eagle3 head")
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise BadInputError("eagle3 head", str(folder), "a folder with *.safetensors weights")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
-        tensors.update(load_file(str(file)))
+        tensors.update(load_tensors(file, "eagle3 head"))
     return from_layout(config, tensors, target, ids, name=str(folder))
 
 

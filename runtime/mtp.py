@@ -10,7 +10,7 @@ hidden state h_m[t] of the previous depth (h_0 = the target's last hidden state 
 vLLM and SGLang hand it to DeepSeek's MTP layer), and predicts token t+m+2:
 
     x = eh_proj([enorm(embed(x[t+m+1])); hnorm(h_m[t])])     # 2H -> H
-    h_{m+1}[t] = DecoderLayer(x)                             # one Llama block (the target's own class)
+    h_{m+1}[t] = DecoderLayer(x)                             # one block of the target's own class
     logits = target.lm_head(shared_head.norm(h_{m+1}[t]))    # the target's LM head, shared
 
 The embedding and LM head are the target's (never copied; `logits` and the callers take the target).
@@ -21,20 +21,22 @@ so training uses that very mask (`module_mask`) and drafting matches it exactly.
 Tensor names follow DeepSeek-V3's `model.layers.{L+m}.*` with the prefix `layers.{m}.`: `enorm`,
 `hnorm`, `eh_proj`, `input_layernorm`, `self_attn.{q,k,v,o}_proj`, `post_attention_layernorm`,
 `mlp.{gate,up,down}_proj`, `shared_head.norm` (DeepSeek's `embed_tokens` and `shared_head.head` are the
-target's and are not stored).
+target's and are not stored). The block is the target family's decoder-layer class (`model_type`), so it
+carries that family's own tensors under the target's names: Qwen3's `self_attn.{q,k}_norm`, Qwen2's
+`self_attn.{q,k,v}_proj.bias`.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers import AutoConfig, PretrainedConfig
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.runtime.artifacts import check_tensors, save_head_files, tokenizer_hash, weights_hash
 from draftsmith.runtime.eagle3 import LAYER_KEYS
@@ -45,6 +47,13 @@ from draftsmith.runtime.masks import attention_mask
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 MAX_MODULES = 4
 FEATURES = ("final_norm", "pre_norm")
+# The supported target families (runtime/targets.py SUPPORTED_MODEL_TYPES) and their class-name prefix in
+# transformers: a module's block is `{prefix}DecoderLayer`, its rotary embedding `{prefix}RotaryEmbedding`.
+FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+# Target config fields the families' blocks read beyond eagle3.LAYER_KEYS (biases, sliding windows).
+BLOCK_KEYS = ("attention_bias", "mlp_bias", "attention_dropout")
+BLOCK_KEYS += ("sliding_window", "use_sliding_window", "max_window_layers")
+OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")  # a module's tensors outside its block
 
 
 @dataclass
@@ -55,7 +64,10 @@ class MtpConfig:
     tokenizer_hash: str
     target_weights_hash: str  # artifacts.weights_hash of the target the modules were trained with
     num_target_layers: int
-    layer: dict = field(default_factory=dict)  # Llama fields of each module's block (eagle3.LAYER_KEYS)
+    layer: dict = field(default_factory=dict)  # the target's fields its blocks read (+ BLOCK_KEYS)
+    # The target's family, whose decoder-layer class each block is (folders written before this field
+    # existed hold Llama blocks, hence the default).
+    model_type: str = "llama"
     head_type: str = "mtp"
     cotrained: bool = False  # the target trained too: it ships in `target/` next to the modules
     # h_0, the target state module 0 reads: "final_norm" = after the target's final norm (what vLLM and
@@ -68,12 +80,15 @@ class MtpConfig:
     @classmethod
     def for_target(cls, target, num_modules: int = 1, cotrained: bool = False, **options) -> MtpConfig:
         cfg = target.config.to_dict()
-        layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
+        layer = {k: cfg[k] for k in LAYER_KEYS + BLOCK_KEYS if cfg.get(k) is not None}
         layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
+        if cfg.get("layer_types"):
+            layer["layer_types"] = cfg["layer_types"][-1:]  # the kind of attention of the last layer
         return cls(
             target=target.name,
             vocab_size=target.vocab_size,
             num_modules=num_modules,
+            model_type=cfg["model_type"],
             tokenizer_hash=tokenizer_hash(target.tokenizer),
             target_weights_hash=weights_hash(target.model),
             num_target_layers=target.num_layers,
@@ -97,12 +112,26 @@ class MtpConfig:
             raise BadInputError("layer", sorted(self.layer), f"the Llama fields {missing} too")
         if self.feature not in FEATURES:
             raise BadInputError("feature", self.feature, f"one of {', '.join(FEATURES)}")
+        if self.model_type not in FAMILIES:
+            raise BadInputError(
+                "model_type", self.model_type, f"one of {list(FAMILIES)} (an MTP block's family)"
+            )
         return self
 
-    def llama_config(self) -> LlamaConfig:
-        llama = LlamaConfig(**self.layer, num_hidden_layers=1, vocab_size=self.vocab_size)
-        llama._attn_implementation = "sdpa"  # boolean masks (tree and module masks) need SDPA, not eager
-        return llama
+    def block_config(self) -> PretrainedConfig:
+        """The family's config for one block (each module owns a one-layer cache)."""
+        block = AutoConfig.for_model(
+            self.model_type, **self.layer, num_hidden_layers=1, vocab_size=self.vocab_size
+        )
+        block._attn_implementation = "sdpa"  # boolean masks (tree and module masks) need SDPA, not eager
+        return block
+
+
+def family_classes(model_type: str) -> tuple[type[nn.Module], type[nn.Module]]:
+    """(decoder layer, rotary embedding) classes of a supported family, from transformers."""
+    prefix = FAMILIES[model_type]
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    return getattr(modeling, f"{prefix}DecoderLayer"), getattr(modeling, f"{prefix}RotaryEmbedding")
 
 
 class SharedHead(nn.Module):
@@ -113,16 +142,16 @@ class SharedHead(nn.Module):
         self.norm = LlamaRMSNorm(hidden, eps)
 
 
-class MtpLayer(LlamaDecoderLayer):
-    """One MTP module: the target family's decoder block plus DeepSeek's input projection and norms."""
-
-    def __init__(self, llama: LlamaConfig):
-        super().__init__(llama, layer_idx=0)  # each module owns a one-layer cache
-        hidden, eps = llama.hidden_size, llama.rms_norm_eps
-        self.enorm = LlamaRMSNorm(hidden, eps)
-        self.hnorm = LlamaRMSNorm(hidden, eps)
-        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
-        self.shared_head = SharedHead(hidden, eps)
+def mtp_layer(block: PretrainedConfig) -> nn.Module:
+    """One MTP module: an instance of the target family's decoder-layer class (its forward is the
+    block's) with DeepSeek's input projection and norms attached as submodules."""
+    layer = family_classes(block.model_type)[0](block, layer_idx=0)  # each module owns a one-layer cache
+    hidden, eps = block.hidden_size, block.rms_norm_eps
+    layer.enorm = LlamaRMSNorm(hidden, eps)
+    layer.hnorm = LlamaRMSNorm(hidden, eps)
+    layer.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+    layer.shared_head = SharedHead(hidden, eps)
+    return layer
 
 
 def module_mask(length: int, module: int, device=None) -> torch.Tensor | None:
@@ -137,10 +166,11 @@ class MtpHead(nn.Module):
     def __init__(self, cfg: MtpConfig):
         super().__init__()
         self.config = cfg.validate()
-        llama = cfg.llama_config()
-        self.layers = nn.ModuleList(MtpLayer(llama) for _ in range(cfg.num_modules))
-        self.rotary = LlamaRotaryEmbedding(llama)
-        params = inspect.signature(LlamaDecoderLayer.forward).parameters
+        block = cfg.block_config()
+        self.layers = nn.ModuleList(mtp_layer(block) for _ in range(cfg.num_modules))
+        block_class, rotary_class = family_classes(cfg.model_type)
+        self.rotary = rotary_class(block)
+        params = inspect.signature(block_class.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     def target_feature(self, target, last_hidden: torch.Tensor) -> torch.Tensor:
@@ -149,12 +179,28 @@ class MtpHead(nn.Module):
         return last_hidden if self.config.feature == "pre_norm" else target.final_norm(last_hidden)
 
     def init_from_target(self, target) -> None:
-        """Start each block as a copy of the target's last decoder layer and each shared_head norm as its
-        final norm (the modules then begin close to 'one more target layer'); eh_proj stays random."""
+        """Start each block as a copy of the target's last decoder layer, every tensor of it (a strict
+        load), and each shared_head norm as its final norm (the modules then begin close to 'one more
+        target layer'); eh_proj stays random."""
+        family = target.config.model_type
+        if family != self.config.model_type:
+            raise BadInputError(
+                "mtp model_type",
+                self.config.model_type,
+                f"{family!r}, the family of the target {target.name}",
+            )
         last = target.decoder.layers[-1].state_dict()
+        block = {k for k in self.layers[0].state_dict() if not k.startswith(OWN)}
+        if block != set(last):
+            raise BadInputError(
+                "mtp block",
+                f"tensors {sorted(block ^ set(last))[:6]} in it or in the target's last layer only",
+                f"the tensors of {target.name}'s last decoder layer, one for one",
+            )
         with torch.no_grad():
             for layer in self.layers:
-                layer.load_state_dict(last, strict=False)
+                own = {k: v for k, v in layer.state_dict().items() if k.startswith(OWN)}
+                layer.load_state_dict({**last, **own}, strict=True)
                 layer.shared_head.norm.weight.copy_(target.decoder.norm.weight)
 
     def new_cache(self, batch: int, capacity: int, cache_class: type[KVCache] = KVCache) -> KVCache:
@@ -224,18 +270,19 @@ def save_head(head: MtpHead, folder: str | Path) -> None:
 def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
     """Our folder (config.json + model.safetensors), or a model folder with the modules inside it in
     DeepSeek's or MiMo's layout (runtime/mtp_layout.py) -> (config, our module tensors)."""
-    from safetensors.torch import load_file
+    from draftsmith.runtime.artifacts import load_tensors
+    from draftsmith.runtime.errors import read_json
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file() or not any(folder.glob("*.safetensors")):
         raise BadInputError("mtp head", str(folder), f"a folder with {CONFIG_FILE} and *.safetensors")
-    raw = json.loads((folder / CONFIG_FILE).read_text())
+    raw = read_json(folder / CONFIG_FILE, "mtp head")
     if "num_nextn_predict_layers" in raw:
         from draftsmith.runtime.mtp_layout import from_deepseek, from_mimo
 
         files = {}
         for file in sorted(folder.glob("*.safetensors")):
-            files.update(load_file(str(file)))
+            files.update(load_tensors(file, "mtp head"))
         if "MiMoForCausalLM" in (raw.get("architectures") or ()):
             return from_mimo(raw, files)
         return from_deepseek(raw, files)[:2]
@@ -247,7 +294,20 @@ def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]
         raise BadInputError(
             f"{folder / CONFIG_FILE}", sorted(raw), "the MtpConfig fields", str(err)
         ) from None
-    return config, load_file(str(folder / WEIGHTS_FILE))
+    return config, load_tensors(folder / WEIGHTS_FILE, "mtp head")
+
+
+def num_modules(folder: str | Path) -> int:
+    """How many modules a head folder holds, from its config alone (a DeepSeek-V3 MTP layer is ~11 GB:
+    a default tree is chosen before the weights load). Our layout's `num_modules`, DeepSeek's and MiMo's
+    `num_nextn_predict_layers`."""
+    from draftsmith.runtime.errors import read_json
+
+    raw = read_json(Path(folder) / CONFIG_FILE, "mtp head")
+    value = raw.get("num_modules", raw.get("num_nextn_predict_layers"))
+    if not isinstance(value, int) or value < 1:
+        raise BadInputError(f"{Path(folder) / CONFIG_FILE}: num_modules", value, "an integer >= 1")
+    return value
 
 
 def load_head(folder: str | Path, target=None) -> MtpHead:

@@ -1,4 +1,4 @@
-"""MTP modules in DeepSeek-V3's checkpoint layout, and back (mission_anchors.md part b3).
+"""MTP modules in DeepSeek-V3's checkpoint layout, and back (DeepSeek-V3's README_WEIGHTS.md).
 
     config, tensors = to_deepseek(head, target_config, target_tensors)    # one model folder
     mtp_config, mtp_tensors, target_tensors = from_deepseek(config, tensors)
@@ -117,9 +117,10 @@ def _module_index(name: str, layers: int) -> int | None:
 # vLLM's `MiMoMTP` (mimo_mtp.py) computes exactly our module: final_layernorm(block(input_proj(
 # [hidden_layernorm(h); token_layernorm(embed)]))), with h the target's last hidden state after its norm,
 # the concatenation in the other order (so eh_proj's column halves swap), and a Qwen2 block (q/k/v with
-# biases: zeros reproduce a Llama block). A Llama-family target is written as `MiMoForCausalLM` (Qwen2
-# with zero q/k/v biases and an explicit lm_head), so `vllm serve DIR --speculative-config
-# '{"method": "mtp", "num_speculative_tokens": 1}'` runs it. vLLM's MiMo MTP predicts one token per step.
+# biases: a Qwen2 target's module has its own, zeros reproduce a Llama block). A Llama or Qwen2 target is
+# written as `MiMoForCausalLM` (Qwen2, a Llama's q/k/v biases zero, an explicit lm_head), so `vllm serve
+# DIR --speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'` runs it. vLLM's MiMo MTP
+# predicts one token per step.
 MIMO_NAMES = {"enorm": "token_layernorm", "hnorm": "hidden_layernorm", "eh_proj": "input_proj"}
 MIMO_NAMES["shared_head.norm"] = "final_layernorm"
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -165,13 +166,14 @@ def to_mimo(
 
 
 def from_mimo(config: dict, tensors: dict[str, torch.Tensor]) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
-    """-> (our MtpConfig, our module tensors); the zero q/k/v biases are checked, then dropped."""
+    """-> (our MtpConfig, our module tensors). A Qwen2 module's q/k/v biases are its own and kept; for a
+    Llama target the zero biases `to_mimo` wrote are checked, then dropped."""
     mtp_config = deepseek_mtp_config(config)
     hidden = config["hidden_size"]
     names = {v: k for k, v in MIMO_NAMES.items()}
     ours = {}
     for name, tensor in tensors.items():
-        if name.endswith(tuple(f"{p}.bias" for p in QKV)):
+        if name.endswith(tuple(f"{p}.bias" for p in QKV)) and mtp_config.model_type != "qwen2":
             if tensor.any():
                 raise BadInputError(name, "non-zero values", "zeros (a Llama block written as Qwen2)")
             continue

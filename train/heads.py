@@ -158,7 +158,6 @@ class MtpKind:
 
         self.target, self.cfg = target, cfg
         cotrain = cfg.cotrain.enabled
-        self.peft_model = make_trainable(target, cfg.cotrain) if cotrain else None
         config = MtpConfig.for_target(
             target,
             cfg.head.num_modules,
@@ -167,8 +166,9 @@ class MtpKind:
             mask_first_position=cfg.head.mtp_mask_first_position,
         )
         self.head = MtpHead(config)
-        if cfg.head.init_from_target:
+        if cfg.head.init_from_target:  # before LoRA wraps the target's layers (a strict copy of the last)
             self.head.init_from_target(target)
+        self.peft_model = make_trainable(target, cfg.cotrain) if cotrain else None
         self.head.float()
         weight = cfg.cotrain.mtp_weight if cotrain else None
         self.model = MtpModel(self.head, target, cfg.head.labels, cfg.train.step_decay, weight)
