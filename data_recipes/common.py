@@ -9,7 +9,7 @@
 A folder whose record is missing or names other inputs is not done, so a killed step is detected and
 redone (or resumed by the step's own mechanism). Hashes are sha256 over canonical JSON, shortened to 16
 hex digits, and recorded so training can refuse data made for another target, tokenizer or template
-(reliability.md part C, items 7-8).
+(sgl-project/SpecForge#296: data and training rendered different chat templates).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from draftsmith.runtime.artifacts import (  # noqa: F401 (re-exported for the da
     tokenizer_hash,
 )
 from draftsmith.runtime.config import atomic_write_text
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, read_json
 
 RECORD_FILE = "draftsmith_data.json"
 FORMAT_VERSION = 1
@@ -80,16 +80,17 @@ class StepRecord:
         return content_hash({"step": self.step, "inputs": self.inputs})
 
 
-def read_record(folder: str | Path) -> dict | None:
+def read_record(folder: str | Path, field_name: str = "data folder") -> dict | None:
+    """The folder's record, None when it has none; a damaged one is a `BadInputError` naming the flag."""
     path = Path(folder) / RECORD_FILE
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    return read_json(path, field_name)
 
 
 def is_done(folder: str | Path, record: StepRecord) -> bool:
     """True when `folder` holds a finished step with exactly these inputs (re-running is a no-op)."""
-    done = read_record(folder)
+    done = read_record(folder, "--out")
     return bool(done) and done.get("inputs_hash") == record.inputs_hash
 
 
@@ -108,7 +109,7 @@ def finish(folder: str | Path, record: StepRecord, summary: Summary | None = Non
 
 def require_record(folder: str | Path, field_name: str, steps: tuple[str, ...]) -> dict:
     """The record of a finished step in `folder`, or a clear error naming the flag."""
-    done = read_record(folder)
+    done = read_record(folder, field_name)
     if done is None:
         raise BadInputError(
             field_name, str(folder), f"a finished draftsmith data folder ({RECORD_FILE} missing)"
@@ -121,7 +122,7 @@ def require_record(folder: str | Path, field_name: str, steps: tuple[str, ...]) 
 
 
 def check_same_target(record: dict, target, field_name: str) -> None:
-    """Refuse data made for another target, tokenizer or chat template (reliability.md C7-C8)."""
+    """Refuse data made for another target, tokenizer or chat template (the recorded hashes differ)."""
     expected = fingerprint(target)
     made_for = record["inputs"].get("fingerprint", {})
     for key in ("tokenizer_hash", "template_hash", "vocab_size"):
@@ -138,7 +139,7 @@ def guard_out_dir(out: Path, data_dir: Path, step: str) -> None:
     """Refuse to write a step's output over its input or over another step's folder."""
     if out.resolve() == data_dir.resolve():
         raise BadInputError("--out", str(out), "a folder other than --data (the input would be overwritten)")
-    done = read_record(out)
+    done = read_record(out, "--out")
     if done is not None and done.get("step") != step:
         raise BadInputError(
             "--out",

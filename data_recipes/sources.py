@@ -17,7 +17,7 @@ SRC is one of:
 
 HumanEval is refused as a training source: it is the evaluation set (`bench --prompts humaneval`).
 
-Normalization (reliability.md C1-C2) never maps a row silently and never raises IndexError: a row that is
+Normalization never maps a row silently and never raises IndexError: a row that is
 empty, malformed (a turn that is not an object with string content), has an unknown role (e.g.
 ShareGPT's "bing"), roles that do not alternate (user and assistant must alternate after an optional
 leading system turn; an assistant-first row is counted apart, as "non-alternating roles (assistant
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.data_recipes.common import Summary, content_hash
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, not_utf8
 
 log = logging.getLogger("draftsmith")
 
@@ -222,6 +222,13 @@ def iter_json_array(path: Path, label: str | None = None, chunk_chars: int = 1 <
 def _iter_file(path: Path) -> Iterator[dict]:
     if not path.is_file():
         raise BadInputError("--source", str(path), f"an existing file ({SOURCE_HELP})")
+    try:
+        yield from _iter_file_rows(path)
+    except UnicodeDecodeError as err:  # raised as a chunk is read, wherever in the file it is
+        raise not_utf8("--source", path, err) from None
+
+
+def _iter_file_rows(path: Path) -> Iterator[dict]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq

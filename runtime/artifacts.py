@@ -1,4 +1,5 @@
-"""Identity hashes, atomic tensor files and draft-vocabulary checks shared by heads and data steps.
+"""Identity hashes, atomic tensor files (and readers that refuse damaged ones) and draft-vocabulary
+checks shared by heads and data steps.
 
 Pure helpers (torch, safetensors, json): `draftsmith.runtime` uses them to load and validate heads, and
 `draftsmith.data_recipes` to record what data was made for.
@@ -52,6 +53,34 @@ def atomic_save_file(path: str | Path, tensors: dict[str, torch.Tensor], metadat
         raise
 
 
+def _damaged(field: str, path: str | Path, err: Exception) -> BadInputError:
+    return BadInputError(
+        field, str(path), "a complete safetensors file", f"it is truncated or corrupted: {err}"
+    )
+
+
+def load_tensors(path: str | Path, field: str) -> dict[str, torch.Tensor]:
+    """safetensors load_file; a truncated or corrupted file is a `BadInputError` naming `field`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise _damaged(field, path, err) from None
+
+
+def open_tensors(path: str | Path, field: str):
+    """safetensors safe_open (use it in a `with`); its header and size are checked as it opens, so a
+    truncated or corrupted file is a `BadInputError` naming `field` before anything reads it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(path), framework="pt")
+    except SafetensorError as err:
+        raise _damaged(field, path, err) from None
+
+
 def check_draft_vocab_size(vocab_size: int, draft_vocab_size: int) -> None:
     if not 0 < draft_vocab_size <= vocab_size:
         raise BadInputError(
@@ -65,7 +94,7 @@ def check_draft_vocab_size(vocab_size: int, draft_vocab_size: int) -> None:
 def validate_draft_vocab(
     d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int, draft_vocab_size: int
 ) -> None:
-    """Every invariant SGLang/vLLM rely on (reliability.md C9-C10); errors name the field."""
+    """Every invariant SGLang/vLLM rely on (docs/architecture.md, 5.7); errors name the field."""
     check_draft_vocab_size(vocab_size, draft_vocab_size)
     if not isinstance(d2t, torch.Tensor) or d2t.dtype != torch.int64:
         raise BadInputError("d2t", getattr(d2t, "dtype", type(d2t).__name__), "an int64 tensor (offsets)")

@@ -2,7 +2,7 @@
 
     write_report(Path("runs/bench"), rows, meta)    # -> {"rows", "meta", "files"}
 
-results.json is the list of rows (ARCHITECTURE.md section 4); meta.json holds what makes the run
+results.json is the list of rows (docs/architecture.md, section 5.4); meta.json holds what makes the run
 reproducible (command, versions, machine, seeds, request) plus skipped methods, per-category rows and the
 roofline. report.md puts them in one page. Plots (matplotlib, Agg): speedup vs batch size per method,
 acceptance per draft position, and the distribution of accepted lengths per cycle.
@@ -41,7 +41,7 @@ def format_table(rows: list[dict]) -> str:
         if same is False:
             n = f"{len(r['greedy_mismatches'])}{'+' if len(r['greedy_mismatches']) == 10 else ''}"
             same = (
-                f"near-ties only ({n} requests, A11)"
+                f"near-ties only ({n} requests)"
                 if r.get("greedy_near_ties_only")
                 else f"**NO** ({n} mismatching requests)"
             )
@@ -64,7 +64,7 @@ def greedy_mark(row: dict) -> str:
 def speedup_matrix(rows: list[dict]) -> str:
     """Markdown: one line per method, speedup over plain per (temperature, batch size), plus tau and
     acceptance per position at the smallest batch; a greedy mismatch is marked with a `!`, differences
-    that are all near-ties of the target's logits (bf16/GPU numerics, reliability.md A11) with a `~`."""
+    that are all near-ties of the target's logits (bf16/GPU numerics, runtime/near_tie.py) with a `~`."""
     cols = sorted({(r["temperature"], r["batch_size"]) for r in rows})
     small = min(b for _, b in cols)
     head = " | ".join(f"T={t:g} b={b}" for t, b in cols)
@@ -148,7 +148,7 @@ def report_markdown(rows: list[dict], meta: dict, plots: list[str]) -> str:
         ]
     if named("~"):
         parts += [
-            f"Near-ties (reliability.md A11): {', '.join(named('~'))} differ from plain decoding only where"
+            f"Near-ties (runtime/near_tie.py): {', '.join(named('~'))} differ from plain decoding only where"
             " the target's two top logits are within rounding (their gaps are in results.json).",
             "",
         ]
@@ -175,6 +175,8 @@ def report_markdown(rows: list[dict], meta: dict, plots: list[str]) -> str:
         parts.append("")
     if meta.get("roofline"):
         parts += ["## Roofline", "", roofline_table(meta["roofline"], rows), ""]
+    key = label_key(rows) if plots else None
+    parts += [key, ""] if key else []
     parts += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(parts) + "\n"
 
@@ -193,6 +195,39 @@ def write_report(out: Path, rows: list[dict], meta: dict, plots: bool = True, fi
     return {"rows": rows, "meta": meta, "files": files}
 
 
+def plot_labels(methods) -> dict[str, str]:
+    """Legend labels: each method without the folder or model id its draft names (the report's tables and
+    its "Plot labels" line carry the whole spec), e.g. `eagle3@chain:3`; drafts that would then read
+    alike are numbered in order of appearance: `eagle3[1]@chain:3`, `eagle3[2]@chain:3`."""
+    methods = list(dict.fromkeys(methods))
+    short = {}  # whole draft -> (kind, option) for drafts that name a path
+    for method in methods:
+        draft = method.partition("@")[0]
+        kind, _, arg = draft.partition(":")
+        where, hash_, option = arg.partition("#")
+        if "/" in where or "\\" in where:
+            short[draft] = (kind, hash_ + option)
+    names = {}
+    for draft, (kind, option) in short.items():
+        alike = [d for d, k in short.items() if k == (kind, option)]
+        names[draft] = f"{kind}[{alike.index(draft) + 1}]{option}" if len(alike) > 1 else kind + option
+    labels = {}
+    for method in methods:
+        draft, at, tree = method.partition("@")
+        labels[method] = names.get(draft, draft) + at + tree
+    return labels
+
+
+def label_key(rows: list[dict]) -> str | None:
+    """The report's line that maps shortened plot labels back to whole drafts (None if none is short)."""
+    labels = plot_labels(r["method"] for r in rows)
+    pairs = {label.partition("@")[0]: method.partition("@")[0] for method, label in labels.items()}
+    pairs = {label: draft for label, draft in pairs.items() if label != draft}
+    if not pairs:
+        return None
+    return "Plot labels: " + ", ".join(f"`{label}` = `{draft}`" for label, draft in pairs.items())
+
+
 def make_plots(out: Path, rows: list[dict]) -> list[str]:
     try:
         import matplotlib
@@ -209,6 +244,7 @@ def make_plots(out: Path, rows: list[dict]) -> list[str]:
 def _speedup_plot(plt, out: Path, rows: list[dict]) -> str:
     temps = sorted({r["temperature"] for r in rows})
     fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4), squeeze=False)
+    labels = plot_labels(r["method"] for r in rows)
     for ax, temp in zip(axes[0], temps, strict=True):
         for name in dict.fromkeys(r["method"] for r in rows):
             pts = sorted(
@@ -217,7 +253,7 @@ def _speedup_plot(plt, out: Path, rows: list[dict]) -> str:
                 if r["method"] == name and r["temperature"] == temp
             )
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
+                ax.plot(*zip(*pts), marker="o", label=labels[name])
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
         ax.set(
             xscale="log", xlabel="batch size", ylabel="speedup over plain (tok/s ratio)", title=f"T={temp:g}"
@@ -239,13 +275,18 @@ def _acceptance_plot(plt, out: Path, rows: list[dict]) -> str | None:
     spec = _smallest_batch_rows(rows, "accept_rate_per_position")
     if not spec:
         return None
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(6, 4))
+    labels = plot_labels(r["method"] for r in rows)
     for r in spec:
         rates = r["accept_rate_per_position"]
-        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{r['method']} T={r['temperature']:g}")
+        label = f"{labels[r['method']]} T={r['temperature']:g}"
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=label)
     ax.set(
         xlabel="draft position", ylabel="P(accepted | drafted)", ylim=(0, 1), title="acceptance per position"
     )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
     ax.legend(fontsize=7)
     return _save(plt, fig, out / "acceptance_per_position.png")
 
@@ -255,17 +296,19 @@ def _lengths_plot(plt, out: Path, rows: list[dict]) -> str | None:
     if not spec:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
+    labels = plot_labels(r["method"] for r in rows)
     width = 0.8 / len(spec)
     for i, r in enumerate(spec):
         counts = r["accepted_length_counts"]
         total = sum(counts)
-        ax.bar(
-            [n + i * width for n in range(len(counts))],
+        ax.bar(  # each length's bars centered on it
+            [n + (i - (len(spec) - 1) / 2) * width for n in range(len(counts))],
             [c / total for c in counts],
             width,
-            label=f"{r['method']} T={r['temperature']:g}",
+            label=f"{labels[r['method']]} T={r['temperature']:g}",
         )
     ax.set(xlabel="drafted tokens accepted in a cycle", ylabel="share of cycles", title="accepted lengths")
+    ax.set_xticks(range(max(len(r["accepted_length_counts"]) for r in spec)))
     ax.legend(fontsize=7)
     return _save(plt, fig, out / "accepted_lengths.png")
 

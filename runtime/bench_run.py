@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.bench import check_request_inputs
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.drafting import default_trees
+from draftsmith.runtime.errors import BadInputError, check_output_dir
 
 log = logging.getLogger("draftsmith")
 GPU_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64]
@@ -33,7 +34,7 @@ CPU_BATCH_SIZES = [1, 4, 16]
 class BenchRequest:
     target: str = "smollm2-135m"
     drafts: list[str] = field(default_factory=list)  # --draft specs, optionally DRAFT@TREE
-    trees: list[str] = field(default_factory=lambda: ["chain:2", "auto:2"])
+    trees: list[str] | None = None  # None: chain:2 and auto:2, shallower for a shallower drafter
     prompts: str = "sharegpt"
     num_prompts: int = 8
     categories: list[str] | None = None
@@ -57,7 +58,8 @@ class BenchRequest:
     def method_specs(self) -> list[str]:
         specs = ["plain", *[b for b in self.baselines if b != "plain"]]
         for draft in self.drafts:
-            specs += [draft] if "@" in draft else [f"{draft}@{tree}" for tree in self.trees]
+            trees = self.trees or default_trees(draft)
+            specs += [draft] if "@" in draft else [f"{draft}@{tree}" for tree in trees]
         if len(set(specs)) != len(specs):
             raise BadInputError("--draft/--baselines", specs, "each method once")
         return specs
@@ -93,6 +95,7 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     from draftsmith.runtime.prompt_sets import load_bench_prompts
     from draftsmith.runtime.target import Target
 
+    check_output_dir("--out", req.out)  # before the work: a run that cannot write its rows loses them all
     check_request_inputs(req.temperatures, req.batch_sizes or [1], req.max_new_tokens, req.repeats)
     convs = load_bench_prompts(req.prompts, req.num_prompts, req.categories)
     specs = req.method_specs()

@@ -61,9 +61,9 @@ def add_generate(sub) -> None:
     p.add_argument("--draft", default="none", help=f"draft spec: {DRAFT_HELP}")
     p.add_argument(
         "--tree",
-        default="chain:2",
-        help=f"what to draft each cycle: {TREE_HELP}. The default suits CPUs: verifying 3 nodes (chain:2) "
-        "costs 1.26x one token there, 4 nodes 1.7x, 8 nodes 2.1x (BENCHMARKS.md); on GPUs larger trees pay",
+        help=f"what to draft each cycle: {TREE_HELP}. Unset: chain:2 (chain:1 for a one-module MTP head), "
+        "which suits CPUs: verifying 3 nodes (chain:2) costs 1.26x one token there, 4 nodes 1.7x, 8 nodes "
+        "2.1x (BENCHMARKS.md); on GPUs larger trees pay",
     )
     p.add_argument("--temperature", type=finite_float_arg("--temperature"), default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=finite_float_arg("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
@@ -106,8 +106,9 @@ def run_generate(args: argparse.Namespace) -> None:
     from draftsmith.runtime.target import Target
     from draftsmith.runtime.tree import chain, parse_tree_spec
 
-    auto_depth = parse_auto(args.tree)  # auto:K: load-aware chain depth per cycle
-    tree = chain(auto_depth) if auto_depth else parse_tree_spec(args.tree)
+    auto_depth = parse_auto(args.tree or "")  # auto:K: load-aware chain depth per cycle
+    # no --tree: build_drafter picks the default that fits the drafter
+    tree = chain(auto_depth) if auto_depth else parse_tree_spec(args.tree) if args.tree else None
     params = SamplingParams(args.temperature, args.top_p, args.top_k).validate()
     if args.max_new_tokens < 1:
         raise BadInputError("--max-new-tokens", args.max_new_tokens, "an integer >= 1")

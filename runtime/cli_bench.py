@@ -74,7 +74,8 @@ def add_bench(sub) -> None:
         action="append",
         default=None,
         help="tree spec for each draft (repeatable): chain:K, "
-        "static:..., dynamic:..., auto:K (load-aware); default: chain:2 and auto:2",
+        "static:..., dynamic:..., auto:K (load-aware); default: chain:2 and auto:2 (depth 1 for a one-module "
+        "MTP head)",
     )
     p.add_argument(
         "--prompts",
@@ -117,7 +118,7 @@ def run_bench_cli(args: argparse.Namespace) -> None:
     request = BenchRequest(
         target=args.target,
         drafts=args.draft,
-        trees=args.tree or ["chain:2", "auto:2"],
+        trees=args.tree,
         prompts=args.prompts,
         num_prompts=args.num_prompts,
         categories=[c for c in args.categories.split(",") if c] if args.categories else None,

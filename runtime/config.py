@@ -42,9 +42,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise BadInputError("--config", str(path), "an existing YAML file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise BadInputError("--config", str(path), "valid YAML", hint=str(err).splitlines()[0]) from None
+    if data is None:  # more often a wrong or unwritten file than "every default" (a long run on defaults)
+        why = "the file is empty; write {} to take every default"
+        raise BadInputError("--config", str(path), "a YAML mapping of settings", why)
     if not isinstance(data, dict):
         raise BadInputError("--config", str(path), "a YAML mapping at the top level")
     return data

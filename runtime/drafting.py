@@ -11,7 +11,7 @@ tokens rooted at the last committed token, together with the distribution each t
 
 `commit` rolls the drafter back to the accepted path (its caches keep exactly the committed tokens
 they have already computed); the tokens it has not seen yet, including the recovered or bonus token,
-reach it as the head of the next `contexts`. Draft specs (ARCHITECTURE.md section 4):
+reach it as the head of the next `contexts`. Draft specs (docs/architecture.md, section 4):
 
     none            plain decoding
     ngram           prompt lookup in the context (no model)
@@ -29,12 +29,13 @@ This registry is the only place that switches on a drafter's name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.tree import Tree, TreeSpec
+from draftsmith.runtime.tree import Tree, TreeSpec, chain
 
 
 @dataclass
@@ -105,15 +106,37 @@ class Drafter:
 
 
 DRAFT_SPECS = ("none", "ngram", "self:layers=N", "model:TARGET", "eagle3:DIR", "mtp:DIR[#recursive]")
+DEFAULT_DEPTH = 2  # the default tree, chain:2, suits CPUs (BENCHMARKS.md); shallower for a shallower head
+
+
+def default_depth(spec: str) -> int:
+    """The default chain depth for a `--draft` spec (generate's chain:2, bench's chain:2 and auto:2): 2,
+    or an MTP head's module count when it has fewer (without #recursive a module drafts one position)."""
+    kind, _, arg = spec.partition(":")
+    folder, _, option = arg.partition("#")
+    if kind == "mtp" and folder and option != "recursive" and Path(folder).is_dir():
+        from draftsmith.runtime.mtp import num_modules
+
+        return min(DEFAULT_DEPTH, num_modules(folder))
+    return DEFAULT_DEPTH
+
+
+def default_trees(spec: str) -> list[str]:
+    """bench's trees for a draft given without @TREE or --tree: a fixed and a load-aware chain."""
+    depth = default_depth(spec)
+    return [f"chain:{depth}", f"auto:{depth}"]
 
 
 def build_drafter(
-    spec: str, target, tree: TreeSpec, device: str = "auto", dtype: str = "auto"
+    spec: str, target, tree: TreeSpec | None, device: str = "auto", dtype: str = "auto"
 ) -> Drafter | None:
-    """`--draft` spec -> a drafter for this target and tree (None for `none`)."""
+    """`--draft` spec -> a drafter for this target and tree (None for `none`). `tree=None` is the default,
+    made to fit the drafter: chain:2, or chain:M for an MTP head of M < 2 modules (without #recursive)."""
     kind, sep, arg = spec.partition(":")
     if spec == "none":
         return None
+    if tree is None:  # an explicit tree deeper than the drafter is still refused, naming --tree
+        tree = chain(default_depth(spec))
     if spec == "ngram":
         from draftsmith.runtime.ngram import NgramDrafter
 

@@ -15,7 +15,7 @@ covers a reduced draft vocabulary whose ids map to target ids by `d2t` offsets (
 d2t). The output fed back as the next step's feature is the last layer's pre-norm output, or with
 EAGLE-3.1's `norm_output` its final-normed output (`next_feature`); logits always read norm(output).
 
-Parameter names are exactly those of the official / SGLang EAGLE-3 layout (mission_anchors.md b1):
+Parameter names are exactly those of the official / SGLang EAGLE-3 layout (docs/architecture.md, 5.2):
 `fc.weight`, `midlayer.{input_layernorm, hidden_norm, self_attn.{q,k,v,o}_proj, post_attention_layernorm,
 mlp.{gate,up,down}_proj}`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`; further layers are
 `layers.{i}.*` for i >= 1 (vLLM's names, where `midlayer` is `layers.0`). The pieces that are plain Llama
@@ -24,7 +24,6 @@ mlp.{gate,up,down}_proj}`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`; furthe
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,12 +33,13 @@ from torch.nn import functional as F
 
 from draftsmith.runtime.artifacts import (
     check_tensors,
+    load_tensors,
     save_head_files,
     tokenizer_hash,
     validate_draft_vocab,
 )
 from draftsmith.runtime.aux_layers import default_aux_layers
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.masks import attention_mask
 
@@ -67,7 +67,7 @@ class Eagle3Config:
     tokenizer_hash: str
     layer: dict = field(default_factory=dict)  # Llama fields of the draft layer (LAYER_KEYS)
     head_type: str = "eagle3"
-    # EAGLE-3.1 input norms (mission_anchors.md b1): an RMSNorm per aux hidden state (`fc_norm.{i}`), or
+    # EAGLE-3.1 input norms: an RMSNorm per aux hidden state (`fc_norm.{i}`), or
     # one RMSNorm over their concatenation (`input_norm`, gpt-oss style), applied before `fc`.
     fc_norm: bool = False
     norm_before_fc: bool = False
@@ -307,12 +307,10 @@ def save_head(head: Eagle3Head, folder: str | Path) -> None:
 def load_head(folder: str | Path, target=None) -> Eagle3Head:
     """Strict load: every tensor present with its exact shape, nothing extra, all finite; checked
     against `target` when given (vocab, hidden size, aux layers, tokenizer)."""
-    from safetensors.torch import load_file
-
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
         raise BadInputError("eagle3 head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    raw = json.loads((folder / CONFIG_FILE).read_text())
+    raw = read_json(folder / CONFIG_FILE, "eagle3 head")
     if raw.get("head_type") != "eagle3":
         raise BadInputError("head_type", raw.get("head_type"), "eagle3")
     try:
@@ -325,7 +323,7 @@ def load_head(folder: str | Path, target=None) -> Eagle3Head:
         check_head_matches_target(config, target)
     head = Eagle3Head(config)
     expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    tensors = load_file(str(folder / WEIGHTS_FILE))
+    tensors = load_tensors(folder / WEIGHTS_FILE, "eagle3 head")
     check_tensors(expected, tensors, "EAGLE-3")
     head.load_state_dict(tensors, strict=False)
     validate_draft_vocab(head.d2t, head.t2d, config.vocab_size, config.draft_vocab_size)

@@ -2,9 +2,16 @@
 
 Every message names the field, what it got and what it expected, so a user can fix the call without
 reading a stack trace. `DraftsmithError` covers everything else we can explain (exit code 1).
+
+The readers of user files live here too, so a bad file is refused the same way everywhere:
+`read_text` (UTF-8), `read_json`, and `check_output_dir` for an output folder, checked before the work.
 """
 
 from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
 
 
 class DraftsmithError(Exception):
@@ -24,3 +31,73 @@ class BadInputError(DraftsmithError, ValueError):
         if hint:
             message += f" ({hint})"
         super().__init__(message)
+
+
+# ---- user files ---------------------------------------------------------------------------------------
+
+
+def not_utf8(field: str, path: str | Path, err: UnicodeDecodeError, where: str = "") -> BadInputError:
+    """The error for a text file that is not UTF-8 (`where`: " on line N" when known)."""
+    byte = err.object[err.start : err.start + 1].hex()
+    return BadInputError(
+        field, str(path), "a UTF-8 text file", f"byte 0x{byte}{where} is not UTF-8; save the file as UTF-8"
+    )
+
+
+def read_text(path: str | Path, field: str) -> str:
+    """A UTF-8 text file's contents; a file in another encoding is a `BadInputError` naming `field`."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise not_utf8(field, path, err, f" on line {line}") from None
+
+
+def read_json(path: str | Path, field: str, kind: type | tuple[type, ...] = dict):
+    """A JSON file's value, which must be a `kind` (an object by default); malformed JSON, another
+    encoding or another kind of value is a `BadInputError` naming `field` and the place it breaks."""
+    try:
+        value = json.loads(read_text(path, field))
+    except json.JSONDecodeError as err:
+        where = f"line {err.lineno} column {err.colno}: {err.msg}"
+        raise BadInputError(field, str(path), "a valid JSON file", where) from None
+    if not isinstance(value, kind):
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        names = " or ".join({dict: "an object", list: "a list"}.get(k, k.__name__) for k in kinds)
+        raise BadInputError(
+            field, str(path), f"a JSON file holding {names}", f"it holds {type(value).__name__}"
+        )
+    return value
+
+
+def check_output_dir(field: str, path: str | Path) -> Path:
+    """An output folder that can be created or reused: refused (before any work) when it, or a folder it
+    would be created in, is an existing file."""
+    path = Path(path).expanduser()
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "it is a file" if p == path else f"{p} is a file"
+                raise BadInputError(field, str(path), "a folder (new or existing)", where)
+            break
+    return path
+
+
+# ---- the field the user set -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def renamed_fields(names: dict[str, str], got=None):
+    """Re-raise a `BadInputError` from code that names its own command-line flag under the field the user
+    set here: `data.source` for `data prepare`'s `--source` in a train config, `--draft` for a draft model
+    that fails to load as a `--target`. `names` maps flag -> field (a field "FLAG REST" keeps its REST, e.g.
+    a line of the flag's file); `got` rewrites the value (e.g. "X" -> "model:X"). Other fields pass as is."""
+    try:
+        yield
+    except BadInputError as err:
+        flag, sep, rest = err.field.partition(" ")
+        if flag not in names:
+            raise
+        value = err.got if got is None else got(err.got)
+        raise BadInputError(names[flag] + sep + rest, value, err.expected, err.hint) from None

@@ -33,7 +33,7 @@ import torch
 
 from draftsmith.runtime.draft_tree import CycleTree
 from draftsmith.runtime.drafting import Draft, Drafter, to_device
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, renamed_fields
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
 from draftsmith.runtime.static_draft import lm_steps
 from draftsmith.runtime.static_forward import causal
@@ -323,7 +323,8 @@ def load_draft_model(spec: str, target: Target, device: str = "auto", dtype: str
     dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
         target.dtype
     ]
-    draft = Target.load(spec, device=str(target.device), dtype=dtype_name)
+    with renamed_fields({"--target": "--draft"}, got=lambda got: f"model:{got}"):  # what the user set
+        draft = Target.load(spec, device=str(target.device), dtype=dtype_name)
     check_same_tokenizer(draft, target, spec)
     draft_vocab_ok = draft.vocab_size >= len(target.tokenizer)
     if not draft_vocab_ok:

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, read_text
 
 SHAREGPT_HELD_OUT_START = 15000
 HUMANEVAL_INSTRUCTION = (
@@ -83,7 +83,7 @@ def read_question_file(path: str) -> list[BenchPrompt]:
     if not file.is_file():
         raise BadInputError("--prompts", path, "an existing question.jsonl file")
     questions = []
-    for n, line in enumerate(file.read_text().splitlines(), 1):
+    for n, line in enumerate(read_text(file, "--prompts").splitlines(), 1):
         if not line.strip():
             continue
         where = f"--prompts {path}:{n}"

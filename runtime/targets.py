@@ -24,15 +24,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.runtime.artifacts import pid_alive
+from draftsmith.runtime.artifacts import open_tensors, pid_alive
 from draftsmith.runtime.config import atomic_write_text
-from draftsmith.runtime.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
 
 log = logging.getLogger(__name__)
 
 # Llama-family architectures whose decoder layers, rotary embedding and cache interface we drive.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 COMPLETE_RECORD = "draftsmith-conversion.json"
+GGUF_MAGIC = b"GGUF"
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
 
 
@@ -74,6 +75,7 @@ def resolve_target(spec: str) -> ResolvedTarget:
     path = Path(spec).expanduser()
     if path.exists():
         if path.is_file() and path.suffix == ".gguf":
+            check_gguf(path)
             return ResolvedTarget(gguf_to_folder(path), str(path))
         check_causal_lm_folder(path)
         return ResolvedTarget(path, str(path))
@@ -109,10 +111,7 @@ def check_causal_lm_folder(folder: Path, name: str | None = None) -> None:
     config_file = folder / "config.json"
     if not folder.is_dir() or not config_file.is_file():
         raise BadInputError("--target", name, "a causal LM folder with a config.json")
-    try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as err:
-        raise BadInputError("--target", name, "a readable config.json", str(err)) from None
+    config = read_json(config_file, "--target")
     model_type = config.get("model_type")
     archs = config.get("architectures") or []
     if archs and not any("CausalLM" in a or "LMHeadModel" in a for a in archs):
@@ -121,7 +120,8 @@ def check_causal_lm_folder(folder: Path, name: str | None = None) -> None:
         raise BadInputError(
             "--target", f"{name} (model_type={model_type!r})", f"one of {list(SUPPORTED_MODEL_TYPES)}"
         )
-    if not any(folder.glob("*.safetensors")):
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
         found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
         raise BadInputError(
             "--target",
@@ -129,6 +129,9 @@ def check_causal_lm_folder(folder: Path, name: str | None = None) -> None:
             "safetensors weights (*.safetensors)",
             f"pickle weights are never loaded: {found}" if found else "no weights found",
         )
+    for file in weights:  # opening checks the header against the file's size: a cut-off file fails here
+        with open_tensors(file, "--target"):
+            pass
 
 
 def download_from_hub(repo_id: str) -> Path:
@@ -145,6 +148,16 @@ def download_from_hub(repo_id: str) -> Path:
             f"could not fetch target '{repo_id}' from the Hugging Face Hub ({reason}). Without network,"
             f" pass a local model folder, a .gguf file, or an alias ({', '.join(ALIASES)})"
         ) from None
+
+
+def check_gguf(path: Path) -> None:
+    """A .gguf file starts with the magic bytes b"GGUF" (an HTML error page saved as .gguf does not)."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise BadInputError(
+            "--target", str(path), "a GGUF file", f"it starts with {magic!r}, not {GGUF_MAGIC!r}"
+        )
 
 
 def gguf_to_folder(gguf: Path) -> Path:
@@ -195,8 +208,11 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except ValueError as err:  # transformers' GGUF reader: tensors cut off, an architecture it lacks
+        raise BadInputError("--target", str(gguf), "a GGUF file transformers can read", str(err)) from None
     # A GGUF-loaded model refuses save_pretrained while it carries the GGUF quantizer; the weights are
     # already dequantized to fp32, so drop the quantizer and save a plain checkpoint.
     model.hf_quantizer = None

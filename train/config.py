@@ -3,8 +3,8 @@
     cfg = load_train_config("configs/eagle3-smollm2-135m.yaml", ["train.max_steps=20", "output_dir=runs/x"])
 
 Loading is strict (unknown keys and wrong types are errors naming the dotted key) and `validate` checks
-every value a run depends on before anything heavy starts. ARCHITECTURE.md section 4 fixes three override
-keys every train config accepts: `output_dir`, `train.max_steps`, `data.max_samples`.
+every value a run depends on before anything heavy starts. docs/architecture.md (section 4) names three
+override keys every train config accepts: `output_dir`, `train.max_steps`, `data.max_samples`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from draftsmith.runtime.config import load_config
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, check_output_dir
 
 
 @dataclass
@@ -156,6 +156,7 @@ class TrainConfig:
             raise BadInputError(
                 "data.validation_fraction", self.data.validation_fraction, "a number in [0, 1)"
             )
+        check_output_dir("output_dir", self.output_dir)  # a file there fails now, not after the data steps
         return self
 
     def _validate_mtp(self) -> None:

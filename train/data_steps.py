@@ -12,6 +12,7 @@ want the same data share it and a config for another target never reads it.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +20,22 @@ import torch
 
 from draftsmith.data_recipes.common import check_same_target, fingerprint, read_record
 from draftsmith.runtime.artifacts import content_hash
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, renamed_fields
 from draftsmith.runtime.targets import cache_root
 
 log = logging.getLogger("draftsmith")
+PATH_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gguf")  # names ending so are file paths
+# the data steps' flags as this config's keys: their errors name what the user set in a train config
+CONFIG_KEYS = {
+    "--source": "data.source",
+    "--max-samples": "data.max_samples",
+    "--max-length": "data.max_length",
+    "--validation-fraction": "data.validation_fraction",
+    "--seed": "data.seed",
+    "--storage-dtype": "data.storage_dtype",
+    "--out": "data.dir",
+    "--data": "data.dir",
+}
 
 
 @dataclass
@@ -47,11 +60,33 @@ def data_root(cfg, target) -> Path:
             "seed": d.seed,
         }
     )
-    return cache_root() / "data" / f"{target.name.replace('/', '--')}-{d.source}-{key[:12]}"
+    return cache_root() / "data" / f"{folder_stem(target.name)}-{folder_stem(d.source)}-{key[:12]}"
+
+
+def folder_stem(name: str) -> str:
+    """A readable, safe part of a cache folder name for a user-given name (the hash beside it tells
+    sources apart): a Hub id or alias as it is ('/' -> '--'), a path by its file or folder stem
+    (`prompts:FILE` -> prompts-STEM); only [A-Za-z0-9._-], no leading dot, at most 48 characters, so no
+    source makes nested folders or a name like `..`."""
+    prefix, sep, rest = name.partition(":")
+    if sep and prefix == "prompts":
+        return f"prompts-{folder_stem(rest)}"
+    hub_like = re.fullmatch(r"[A-Za-z0-9][\w-]*(/[A-Za-z0-9][\w.-]*)?", name)  # sharegpt, org/name
+    if hub_like and Path(name).suffix.lower() not in PATH_SUFFIXES:
+        stem = name.replace("/", "--")
+    else:
+        stem = Path(name).stem
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).lstrip(".-")[:48]
+    return stem or "source"
 
 
 def ensure_data(cfg, target, aux_layers, progress: bool = True) -> DataPaths:
     """Run the data steps this config needs (each a no-op when already done) and return their folders."""
+    with renamed_fields(CONFIG_KEYS):  # the steps name `draftsmith data` flags; the user wrote config keys
+        return _ensure_data(cfg, target, aux_layers, progress)
+
+
+def _ensure_data(cfg, target, aux_layers, progress: bool) -> DataPaths:
     from draftsmith.data_recipes.capture import capture
     from draftsmith.data_recipes.prepare import prepare
     from draftsmith.data_recipes.vocab import summary_line, write_draft_vocab

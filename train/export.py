@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.artifacts import atomic_save_file
-from draftsmith.runtime.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.artifacts import atomic_save_file, load_tensors, open_tensors
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, check_output_dir, read_json
 from draftsmith.train.model_card import CardFacts, bench_rows, model_card, run_facts
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ class ExportRequest:
 def export(req: ExportRequest) -> Path:
     folder, head_type = resolve_checkpoint(req.checkpoint)
     _check_request(req, head_type)
-    out = Path(req.out)
+    out = check_output_dir("--out", req.out)
+    _check_out_apart_from_inputs(out, _inputs(req, folder))
     if out.exists() and any(out.iterdir()) and not req.overwrite:
         raise BadInputError("--out", str(out), "a new or empty folder", "pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -78,7 +79,7 @@ def export(req: ExportRequest) -> Path:
         facts = WRITERS[req.format](req, folder, head_type, tmp)
         facts.run = run_facts(_run_dir(folder))
         facts.bench, facts.bench_meta = bench_rows(Path(req.bench) if req.bench else None, folder)
-        facts.vllm = json.loads(Path(req.vllm_check).read_text()) if req.vllm_check else None
+        facts.vllm = read_json(req.vllm_check, "--vllm-check") if req.vllm_check else None
         facts.repo_id = req.push_to_hub
         facts.speculative_tokens = req.speculative_tokens
         (tmp / "README.md").write_text(model_card(facts))
@@ -101,7 +102,7 @@ def resolve_checkpoint(path: str) -> tuple[Path, str]:
     for folder in (p, p / "final"):
         config = folder / "config.json"
         if config.is_file():
-            head_type = json.loads(config.read_text()).get("head_type")
+            head_type = read_json(config, "CHECKPOINT").get("head_type")
             if head_type in ("eagle3", "mtp"):
                 return folder, head_type
     raise BadInputError(
@@ -129,6 +130,43 @@ def _check_request(req: ExportRequest, head_type: str) -> None:
         value = getattr(req, name)
         if value and not Path(value).is_file():
             raise BadInputError(f"--{name.replace('_', '-')}", value, "an existing JSON file")
+
+
+def _inputs(req: ExportRequest, folder: Path) -> list[tuple[str, Path]]:
+    """What the export reads, each with the flag that names it: the head (and the run folder given),
+    the run's files, the card's JSON files, the verifier or target it describes or appends to."""
+    named = [("CHECKPOINT", req.checkpoint), ("CHECKPOINT", str(folder))]
+    run = _run_dir(folder)
+    if run is not None:  # run_facts reads the run's config and metrics
+        named += [("CHECKPOINT", str(run / "config.yaml")), ("CHECKPOINT", str(run / "metrics.jsonl"))]
+    named += [("--bench", req.bench), ("--vllm-check", req.vllm_check)]
+    if req.format in ("speculators", "mtp", "mtp-mimo"):
+        flag, given = (
+            ("--verifier", req.verifier) if req.format == "speculators" else ("--target", req.target)
+        )
+        head_target = read_json(folder / "config.json", "CHECKPOINT").get("target")
+        named.append((flag, given) if given else ("the head's target", head_target))
+    return [(flag, Path(p).expanduser()) for flag, p in named if p and Path(p).expanduser().exists()]
+
+
+def _check_out_apart_from_inputs(out: Path, inputs: list[tuple[str, Path]]) -> None:
+    """--out must not be, contain or lie inside anything the export reads: replacing it (--overwrite)
+    would delete an input, and writing inside a head folder would copy the export into itself."""
+    where = out.resolve()
+    for flag, path in inputs:
+        read = path.resolve()
+        if where == read or read.is_relative_to(where):
+            relation = "is" if where == read else "contains"
+        elif read.is_dir() and where.is_relative_to(read):
+            relation = "is inside"
+        else:
+            continue
+        raise BadInputError(
+            "--out",
+            str(out),
+            "a folder apart from what export reads",
+            f"it {relation} {flag} {path}; --overwrite never deletes an input",
+        )
 
 
 def _run_dir(folder: Path) -> Path | None:
@@ -172,14 +210,12 @@ def check_round_trip(expected: dict[str, torch.Tensor], got: dict[str, torch.Ten
 
 
 def write_draftsmith(req: ExportRequest, folder: Path, head_type: str, tmp: Path) -> CardFacts:
-    from safetensors.torch import load_file
-
     for item in folder.iterdir():  # config.json, model.safetensors, and a co-trained target/
         if item.name == "README.md":
             continue
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
-    config = json.loads((folder / "config.json").read_text())
-    tensors = load_file(str(folder / "model.safetensors"))
+    config = read_json(folder / "config.json", "CHECKPOINT")
+    tensors = load_tensors(folder / "model.safetensors", "CHECKPOINT")
     return CardFacts(
         req.format, head_type, config["target"], license=_license(req, config), size=_size(tensors)
     )
@@ -235,10 +271,10 @@ def write_mtp(req: ExportRequest, folder: Path, head_type: str, tmp: Path) -> Ca
 
     head = load_head(folder)
     target_dir = _mtp_target_dir(req, folder, head.config)
-    target_config = json.loads((target_dir / "config.json").read_text())
+    target_config = read_json(target_dir / "config.json", "--target")
     target_tensors: dict[str, torch.Tensor] = {}
     for file in sorted(target_dir.glob("*.safetensors")):
-        target_tensors.update(load_file(str(file)))
+        target_tensors.update(load_tensors(file, "--target"))
     _check_target_weights(target_dir, target_tensors, target_config, head.config)
     ours = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     to_layout = to_mimo if req.format == "mtp-mimo" else to_deepseek
@@ -316,15 +352,13 @@ def _target_folder(name: str) -> Path | None:
 def _verifier_facts(req: ExportRequest, target: str) -> dict:
     """speculators writes the verifier's embedding and architectures into its folders; so do we, from the
     target's files when they are here (vLLM then reads the embedding from the head, speculators too)."""
-    from safetensors import safe_open
-
     folder = _target_folder(req.verifier or target)
     if folder is None:
         log.warning("export: speculators folder without embed_tokens (vLLM shares the target's)")
         return {}
-    architectures = json.loads((folder / "config.json").read_text()).get("architectures")
+    architectures = read_json(folder / "config.json", "--verifier").get("architectures")
     for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as f:
+        with open_tensors(file, "--verifier") as f:
             if "model.embed_tokens.weight" in f.keys():
                 return {
                     "embed_tokens": f.get_tensor("model.embed_tokens.weight"),

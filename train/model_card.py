@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, read_json
 
 BENCH_META = ("date", "machine", "threads", "prompt_set", "command", "versions")
 DATASETS = {"sharegpt": "anon8231489123/ShareGPT_Vicuna_unfiltered"}
@@ -60,15 +60,15 @@ def bench_rows(path: Path | None, head_dir: Path) -> tuple[list[dict], dict]:
         return [], {}
     if not path.is_file():
         raise BadInputError("--bench", str(path), "a bench JSON file (compare-*.json or results.json)")
-    data = json.loads(path.read_text())
-    rows = data["rows"] if isinstance(data, dict) else data
+    data = read_json(path, "--bench", (dict, list))
+    rows = data.get("rows", []) if isinstance(data, dict) else data
     ours = [r for r in rows if _measures(r.get("method", ""), head_dir) or r.get("method") == "plain"]
     if not any(r.get("method") != "plain" for r in ours):
         raise BadInputError("--bench", str(path), f"rows that measured {head_dir}", "no method names it")
     meta = {k: data[k] for k in BENCH_META if isinstance(data, dict) and k in data}
     side = path.with_name("meta.json")  # `draftsmith bench` keeps the run's facts next to results.json
     if isinstance(data, list) and side.is_file():
-        facts = json.loads(side.read_text())
+        facts = read_json(side, "--bench")
         machine = facts.get("machine", {})
         meta = {
             "prompt_set": facts.get("request", {}).get("prompts"),

@@ -9,7 +9,7 @@ with linear warmup and cosine decay, gradient accumulation and clipping. Every `
 goes to metrics.jsonl (and the tracker), every `eval.every` steps the validation split is scored (loss,
 accuracy per TTT step or MTP module, simulated tau; for a co-trained target its drift), every
 `checkpoint.every` steps a checkpoint is written (atomic, rotated). A non-finite loss or gradient norm
-stops the run on every rank with the step and row ids, before anything is saved (reliability.md A14).
+stops the run on every rank with the step and row ids, before anything is saved.
 The end: `output_dir/final/` (a head `--draft eagle3:DIR` / `mtp:DIR` loads; a co-trained target in
 `final/target/`), the PNG curve.
 """
@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.config import save_config
-from draftsmith.runtime.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
 from draftsmith.train.checkpoints import (
     cfg_fingerprint,
     check_resume,
-    finished_checkpoints,
+    newest_intact,
     read_state,
     save_checkpoint,
 )
@@ -70,8 +70,8 @@ def build_accelerator(cfg, log_with):
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or deepspeed
     if distributed and not torch.cuda.is_available():
-        # Without a GPU, Accelerate picks no backend and falls back to one process (ecosystem_cpu.md 3e);
-        # DDP also needs cpu=True, or each process trains alone (2b).
+        # Without a GPU, Accelerate's PartialState picks no backend and falls back to one process;
+        # DDP also needs cpu=True, or each process trains alone.
         handlers.append(InitProcessGroupKwargs(backend="gloo"))
         kwargs["cpu"] = not deepspeed
     if not distributed:  # Accelerate's state is a process-wide singleton: a second run in one process
@@ -191,7 +191,8 @@ class Trainer:
             from draftsmith.train.cotrain import check_strategy
 
             check_strategy(acc)
-        with no_zero3_init(acc):  # the frozen target is never partitioned: every rank needs all of it
+        # the frozen target is never partitioned: every rank needs all of it; its errors name `target`
+        with no_zero3_init(acc), renamed_fields({"--target": "target"}):
             self.target = Target.load(cfg.target, device=str(acc.device), dtype=cfg.dtype)
         self.target.model.requires_grad_(False)
         try:  # the data steps name their CLI flags; here the config keys are what the user wrote
@@ -240,14 +241,14 @@ class Trainer:
 
     # ---- resume ---------------------------------------------------------------------------------------
     def resume(self) -> int:
-        done = finished_checkpoints(self.out) if self.cfg.checkpoint.resume == "auto" else []
-        if not done:
+        found = newest_intact(self.out) if self.cfg.checkpoint.resume == "auto" else None
+        if found is None:
             return 0
-        state = read_state(done[-1])
+        state = read_state(found)
         check_resume(state, self.acc.num_processes, self.paths.data_hash, self.cfg)
-        self.acc.load_state(str(done[-1]))
+        self.acc.load_state(str(found))
         self.original_val_loss = state.get("original_target_val_loss")
-        log.info("resumed from %s (step %d)", done[-1], state["step"])
+        log.info("resumed from %s (step %d)", found, state["step"])
         return state["step"]
 
     def state(self) -> dict:

@@ -50,7 +50,7 @@ def test_folders_that_are_not_supported_causal_lms(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    with pytest.raises(BadInputError, match="readable config.json"):
+    with pytest.raises(BadInputError, match="config.json., expected a valid JSON file"):
         resolve_target(str(broken))
 
 

@@ -1,0 +1,155 @@
+"""Bad inputs to `generate` and `bench`'s plots (issue 20 item 7): a default tree that fits the drafter, the
+field an error names, integer draft positions and short legend labels.
+
+    OMP_NUM_THREADS=1 python -m pytest tests/runtime/test_bad_inputs_cli.py -q
+"""
+
+import json
+
+import pytest
+import torch
+
+from draftsmith.runtime import bench_report
+from draftsmith.runtime.cli import main
+from draftsmith.runtime.mtp import MtpConfig, MtpHead, save_head
+
+
+@pytest.fixture(scope="module")
+def one_module_head(tiny_target, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mtp1") / "head"
+    torch.manual_seed(1)
+    save_head(MtpHead(MtpConfig.for_target(tiny_target, num_modules=1)), folder)
+    return folder
+
+
+def generate(tiny_dir, capsys, *extra):
+    argv = ["generate", "--target", str(tiny_dir), "--prompt", "w1 w2 w3", "--max-new-tokens", "8", "--json"]
+    code = main([*argv, *extra])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_default_tree_fits_a_one_module_mtp_head(tiny_dir, one_module_head, capsys):
+    code, plain, err = generate(tiny_dir, capsys)
+    assert code == 0, err
+    code, out, err = generate(tiny_dir, capsys, "--draft", f"mtp:{one_module_head}")
+    assert code == 0, err
+    row, plain = json.loads(out), json.loads(plain)
+    assert row["token_ids"] == plain["token_ids"] and row["draft_forwards"] > 0
+    assert len(row["accept_rate_per_position"]) == 1  # chain:1, the depth the head has
+    # an explicit tree deeper than the head is still refused, naming --tree
+    code, _, err = generate(tiny_dir, capsys, "--draft", f"mtp:{one_module_head}", "--tree", "chain:2")
+    assert code == 2 and "--tree: got 'depth 2', expected depth <= 1" in err
+    # with #recursive the last module reuses itself deeper, so the default stays chain:2
+    code, out, err = generate(tiny_dir, capsys, "--draft", f"mtp:{one_module_head}#recursive")
+    assert code == 0, err
+    assert len(json.loads(out)["accept_rate_per_position"]) == 2
+
+
+def test_benchs_default_trees_fit_a_one_module_mtp_head(one_module_head):
+    from draftsmith.runtime.bench_run import BenchRequest
+
+    head = f"mtp:{one_module_head}"
+    specs = BenchRequest(drafts=[head, f"{head}#recursive", "ngram"], baselines=[]).method_specs()
+    assert specs == [
+        "plain",
+        *(f"{head}@chain:1", f"{head}@auto:1"),  # the depth the head has
+        *(f"{head}#recursive@chain:2", f"{head}#recursive@auto:2"),
+        *("ngram@chain:2", "ngram@auto:2"),
+    ]
+    # given trees apply to every draft as they are (a too-deep one is refused when the method is built)
+    assert BenchRequest(drafts=[head], trees=["chain:3"], baselines=[]).method_specs()[1] == f"{head}@chain:3"
+
+
+def test_a_missing_draft_model_names_draft(tiny_dir, tmp_path, capsys):
+    missing = tmp_path / "MISSING"
+    code, _, err = generate(tiny_dir, capsys, "--draft", f"model:{missing}")
+    assert code == 2
+    assert f"generate: error: --draft: got 'model:{missing}', expected an existing model folder" in err
+    assert "--target" not in err
+
+
+def bench_rows() -> list[dict]:
+    methods = [
+        "plain",
+        "eagle3:/home/me/runs/head-a/final@chain:3",
+        "eagle3:/home/me/runs/head-b/final@chain:3",
+        "eagle3:/home/me/runs/head-a/final@auto:3",
+        "mtp:runs/mtp/final#recursive@chain:3",
+        "self:layers=2@chain:2",
+    ]
+    rows = []
+    for batch in (1, 4):
+        for i, method in enumerate(methods):
+            drafted = method != "plain"
+            rows.append(
+                {
+                    "method": method,
+                    "temperature": 0.0,
+                    "batch_size": batch,
+                    "speedup_vs_plain": 1.0 + 0.1 * i,
+                    "accept_rate_per_position": [0.8, 0.6, 0.4][: 2 if "chain:2" in method else 3]
+                    if drafted
+                    else [],
+                    "accepted_length_counts": [3, 2, 4, 1] if drafted else [],
+                }
+            )
+    return rows
+
+
+@pytest.fixture
+def figures(tmp_path, monkeypatch):
+    """make_plots' figures by file name, kept for inspection (they are still saved)."""
+    pytest.importorskip("matplotlib")
+    kept, save = {}, bench_report._save
+
+    def keep(plt, fig, path):
+        kept[path.name] = fig
+        fig.canvas.draw()
+        labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        kept[path.name + ":ticks"] = (list(fig.axes[0].get_xticks()), fig.axes[0].get_xlim(), labels)
+        kept[path.name + ":legend"] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        return save(plt, fig, path)
+
+    monkeypatch.setattr(bench_report, "_save", keep)
+    bench_report.make_plots(tmp_path, bench_rows())
+    return kept
+
+
+@pytest.mark.parametrize("name", ["acceptance_per_position.png", "accepted_lengths.png"])
+def test_draft_position_plots_tick_whole_numbers(figures, name):
+    ticks, (lo, hi), labels = figures[name + ":ticks"]
+    shown = [t for t in ticks if lo <= t <= hi]
+    assert shown and all(float(t).is_integer() for t in shown), ticks
+    assert all(label.lstrip("-").isdigit() for label in labels if label), labels
+
+
+@pytest.mark.parametrize(
+    "name", ["speedup_vs_batch.png", "acceptance_per_position.png", "accepted_lengths.png"]
+)
+def test_legends_name_methods_without_paths(figures, name):
+    legend = figures[name + ":legend"]
+    assert legend and not any("/" in label for label in legend), legend
+    assert len(set(legend)) == len(legend)  # two heads at the same tree still read apart
+
+
+def test_the_report_maps_short_labels_to_whole_methods(tmp_path):
+    pytest.importorskip("matplotlib")
+    meta = {
+        "request": {"prompts": "p", "num_prompts": 1, "max_new_tokens": 4, "repeats": 1, "seed": 0},
+        "command": "draftsmith bench",
+        "date": "today",
+        "target": "tiny",
+        "prompt_tokens_mean": 3.0,
+        "machine": {},
+        "versions": {},
+    }
+    rows = [
+        {**r, "tokens_per_s": 1.0, "ttft_ms": {"median": 1.0}, "tpot_ms": {"median": 1.0}}
+        for r in bench_rows()
+    ]
+    bench_report.write_report(tmp_path, rows, meta)
+    report = (tmp_path / "report.md").read_text()
+    labels = report.split("Plot labels:")[1].splitlines()[0]
+    assert "eagle3:/home/me/runs/head-a/final" in labels and "eagle3:/home/me/runs/head-b/final" in labels
+    assert "mtp:runs/mtp/final#recursive" in labels
