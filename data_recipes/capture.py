@@ -19,7 +19,7 @@ Shard format (`OUT/shard-00000.safetensors`, about `--shard-tokens` tokens each,
     metadata     format, index, inputs_hash, first_row/end_row (the row range the shard covers, skipped
                  rows included), rows, tokens, aux_layers, storage_dtype, hidden_size, ids (JSON list)
 
-Aux-layer ids are 0-based decoder-layer outputs (mission_anchors.md part c): id i is the tensor after
+Aux-layer ids are 0-based decoder-layer outputs (docs/architecture.md, 5.6): id i is the tensor after
 decoder layer i, which is `hidden_states[i + 1]` in transformers. SGLang, SpecForge and ModelOpt config
 ids mean the same; vLLM, speculators and the EAGLE official code count "input to layer X" and name it i+1.
 The record states this and stores the ids in both conventions. Default: (1, L//2 - 1, L - 4).

@@ -8,8 +8,8 @@ templating) -> clip rows longer than --max-length (counted as "clipped", and "cl
 the cut falls inside an answer; --fail-on-clip makes it an error) -> drop rows left with no supervised
 token -> stop at --max-samples kept rows -> split train/validation by a hash of (seed, row id), so a
 row's split never depends on order or on --max-samples -> write. Nothing kept is an error; so is
-clipping that empties more than half of the rows (--max-length is too small for the data: reliability.md
-C3); more than half of the rows read dropped for any reason is a warning (ShareGPT V3 alone loses ~39%
+clipping that empties more than half of the rows (--max-length is too small for the data);
+more than half of the rows read dropped for any reason is a warning (ShareGPT V3 alone loses ~39%
 to assistant-first chunks), and the summary lists every reason.
 
 The folder is a `datasets.DatasetDict` ("train", "validation") saved with `save_to_disk`, with columns

@@ -4,7 +4,7 @@
     enc.input_ids, enc.loss_mask                   # aligned: loss_mask[t] = 1 -> token t is supervised
     inputs, labels, label_mask = shift_for_training(enc.input_ids, enc.loss_mask)
 
-How the assistant spans are found (as vllm-project/speculators does, reliability.md A13 and C6): for each
+How the assistant spans are found (as vllm-project/speculators' preprocessing does): for each
 assistant turn j the template renders `messages[:j]` with the generation prompt and `messages[:j+1]`
 without it. The first must be a prefix of the second; the rest is exactly what the model writes in that
 turn: the answer plus the template's end-of-turn text (`<|im_end|>\\n` in ChatML). The whole conversation's

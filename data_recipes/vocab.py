@@ -5,7 +5,7 @@
 A head whose LM head has `draft_vocab_size` rows predicts only those target tokens. Which ones: the
 `draft_vocab_size` most frequent *supervised* tokens (loss_mask == 1) of the train split, ties broken by
 the lower id, then sorted by id (EAGLE-3, SpecForge and speculators all build it this way). Two tensors
-describe the map, in the convention SGLang and vLLM load (mission_anchors.md part b):
+describe the map, in the convention SGLang and vLLM load (docs/architecture.md, section 5.7):
 
     d2t  int64 [draft_vocab_size]  offsets:  target_id = draft_id + d2t[draft_id]
     t2d  bool  [vocab_size]        True where the target token is in the draft vocab

@@ -25,8 +25,8 @@ When every node on the path is accepted, the token drawn at the leaf comes from 
 bonus token): the same loop, with no children left to try.
 
 Randomness enters only through two callables, `coin(prob) -> bool` and `draw(dist) -> token`, so the
-exact float64 enumeration test (reliability.md A4a) runs this very code over every branch. The walk
-keeps the dtype it is given (no silent casts).
+exact float64 enumeration test (tests/runtime/test_acceptance_laws.py) runs this very code over every
+branch. The walk keeps the dtype it is given (no silent casts).
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def updated_residual(residual: torch.Tensor, q: torch.Tensor | None, token: int)
 def sanitize(dist: torch.Tensor) -> torch.Tensor:
     """Distributions [..., V] with no NaN and positive mass: NaN/inf/negative entries become 0, each row is
     renormalized, and a row with no mass left becomes uniform (so a broken target row still yields an
-    in-range token, reliability.md A7). The batched engine (batch_accept.py) uses it on [B, N, V]."""
+    in-range token). The batched engine (batch_accept.py) uses it on [B, N, V]."""
     out = torch.nan_to_num(dist, nan=0.0, posinf=0.0, neginf=0.0).clamp_(min=0)  # one copy, then in place
     total = out.sum(dim=-1, keepdim=True)  # [..., 1]
     empty = total <= 0

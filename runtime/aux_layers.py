@@ -1,5 +1,5 @@
 """Aux-layer ids: the one place that states which target hidden states feature heads read, and how
-engines number them (mission_anchors.md part c).
+engines number them (docs/architecture.md, section 5.6).
 
 draftsmith ids are 0-based decoder-layer outputs: id i is the residual stream after decoder layer i,
 transformers' `hidden_states[i + 1]`. SGLang, SpecForge and ModelOpt configs mean the same; vLLM,
@@ -19,8 +19,7 @@ log = logging.getLogger(__name__)
 AUX_LAYER_CONVENTION = (
     "0-based decoder-layer outputs: id i is the residual stream after decoder layer i (transformers "
     "hidden_states[i+1]). SGLang, SpecForge and ModelOpt config ids mean the same ('output of layer i'); "
-    "vLLM, speculators and EAGLE official ids mean 'input to layer X' and name the same tensor i+1 "
-    "(mission_anchors.md part c)."
+    "vLLM, speculators and EAGLE official ids mean 'input to layer X' and name the same tensor i+1."
 )
 
 
@@ -47,7 +46,7 @@ def resolve_aux_layers(aux_layers, num_layers: int) -> tuple[int, ...]:
     """Validated layer ids: non-empty, in [0, L), strictly increasing. Not 3 of them: a warning.
 
     EAGLE-3 heads take exactly 3 (their fc input is 3*H); other heads may want other counts, so any
-    non-empty list is accepted and recorded (reliability.md C12: wrong ids are an error, never a default)."""
+    non-empty list is accepted and recorded (wrong ids are an error, never a default: vLLM only warns)."""
     layers = parse_aux_layers(aux_layers)
     if layers is None:
         layers = default_aux_layers(num_layers)
@@ -83,7 +82,7 @@ def engine_layer_ids(aux_layers: Sequence[int]) -> dict:
 
 
 # What an id X written in a config means, per reader: "output" = the output of decoder layer X (our ids),
-# "input" = the input to layer X (= the output of layer X - 1). mission_anchors.md part c.
+# "input" = the input to layer X (= the output of layer X - 1): docs/architecture.md, 5.6.
 CONVENTIONS = {"output": 0, "input": 1}
 ENGINE_CONVENTION = {
     "sglang": "output",

@@ -14,7 +14,7 @@ Per row (method, temperature, batch size): tokens/s and speedup over `plain` (su
 time), the median per-batch speedup, TTFT and TPOT per request (median and p90), tau = new tokens / target
 forwards, acceptance per draft position, the distribution of accepted lengths, efficiency = speedup / tau,
 and at temperature 0 `greedy_identical`: every request's tokens equal plain decoding's, with the first
-mismatches listed (never averaged away), each judged by reliability.md A11's near-tie rule (bf16 and GPU
+mismatches listed (never averaged away), each judged by runtime/near_tie.py's rule (bf16 and GPU
 numerics may flip a tie of the target's logits; a wrong token is never a near-tie). Rows are reported
 by `bench_report.py`.
 """
@@ -195,7 +195,7 @@ def spec_fields(runs: list[GroupRun], tokens: int, speedup: float) -> dict:
 
 def greedy_fields(reqs, plain_reqs, runs: list[GroupRun], target=None) -> dict:
     """Temperature 0: `greedy_identical` (every request's tokens equal plain decoding's) and, when some
-    differ, each first mismatch judged by reliability.md A11 (runtime/near_tie.py: the target's logit gap
+    differ, each first mismatch judged by the near-tie rule (runtime/near_tie.py: the target's logit gap
     between the two tokens there, needs `target`). A later turn whose prompt already differs (it follows
     the method's own earlier answer) takes its conversation's earlier verdict. `greedy_near_ties_only`:
     every difference is a near-tie, as bf16 or GPU numerics give; never true of a wrong token."""

@@ -1,13 +1,13 @@
-"""Greedy identity with reliability.md A11's near-tie rule: where a bf16/fp16 or GPU run of speculative
+"""Greedy identity with a near-tie rule: where a bf16/fp16 or GPU run of speculative
 decoding and plain decoding part ways, was the target itself undecided there?
 
     mismatch = first_mismatch(target, prompt_ids, got_tokens, want_tokens)   # None: identical
-    mismatch.near_tie, mismatch.gap, mismatch.tolerance                       # log the gap (A11)
+    mismatch.near_tie, mismatch.gap, mismatch.tolerance                       # log the gap
 
 Verification scores several tokens in one forward; plain decoding scores one. In fp32 on a CPU the two
 agree to the last bit often enough that draftsmith demands identical tokens. In bf16 the same logit comes
 out of differently shaped matmuls with different roundings, so where the target's top two logits are
-within rounding of each other either choice is "the argmax". A11 (after transformers' assisted-generation
+within rounding of each other either choice is "the argmax". The rule (after transformers' assisted-generation
 tests) allows a mismatch only at the *first* diverging step (after it the two continuations condition on
 different text) and only if the target's logits for the two chosen tokens differ by at most a tolerance.
 The tolerance here is a few units in the last place (ulp) of the target's dtype at the logits' magnitude:

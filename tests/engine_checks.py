@@ -1,5 +1,5 @@
 """Shared checks for the speculative engine's tests: prompts, greedy identity with plain decoding, and the
-exact law of the first tokens under plain sampling with a chi-square test against it (reliability.md A3)."""
+exact law of the first tokens under plain sampling with a chi-square test against it."""
 
 import math
 from collections import Counter

@@ -4,7 +4,7 @@
         --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 output_dir=runs/ddp
 
 The same job as `draftsmith train`; exit codes 0 / 1 / 2 as the CLI's. Multi-process runs leave with
-os._exit after flushing: gloo can deadlock in its destructor at interpreter exit (ecosystem_cpu.md 2c).
+os._exit after flushing: gloo can deadlock in its destructor at interpreter exit (a torch deadlock).
 """
 
 import os

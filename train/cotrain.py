@@ -6,7 +6,7 @@ report that keeps a faster but worse target from shipping.
     save_cotrained_target(target, peft_model, folder)  # adapters merged, an HF folder + tokenizer
 
 Only ModelOpt co-trains a target with its draft (`eagle_freeze_base_model=False`), and none with LoRA
-(mission_anchors.md, co-training row); DeepSeek-V3 trained its MTP module jointly during pretraining.
+(among public trainers); DeepSeek-V3 trained its MTP module jointly during pretraining.
 LoRA adapters are injected into the target's own modules, so `Target.forward`, `Target.embed` and the
 MTP modules see the adapted weights without any other change.
 """

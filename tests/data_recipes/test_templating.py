@@ -1,4 +1,4 @@
-"""Loss-mask golden tests (reliability.md A13): the masked-in tokens decode to exactly the assistant texts
+"""Loss-mask golden tests (as SpecForge's): the masked-in tokens decode to exactly the assistant texts
 (plus the end-of-turn token), user and system text never enter the mask, multi-turn and system turns, for
 the tiny template, SmolLM2's ChatML and Llama-3 / Gemma / Mistral-style templates; an explicit golden
 ids/mask pair; templates that are not prefix-stable are refused; the mask shifts with the labels."""

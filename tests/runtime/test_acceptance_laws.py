@@ -1,6 +1,6 @@
 """Statistical proof tests for the acceptance rules in `draftsmith.runtime.acceptance`.
 
-Designs (from /work/shared/research/reliability.md, section A):
+Designs (the A labels are shared with test_acceptance_rules.py and test_speculative.py):
 
 - A4a, exact float64 enumeration: for small trees and a context-dependent toy target (a random trigram
   table, so p at a node depends on its whole path), enumerate every draft outcome with its probability

@@ -109,7 +109,7 @@ def test_first_sampled_token_follows_the_target_distribution():
     expected = expected / expected.sum() * n
     assert chisquare(counts[support].numpy(), expected.numpy()).pvalue > 1e-4
     # Negative control: a distribution built with the wrong temperature (a transform mismatch, the bug
-    # class of reliability.md A5) must be rejected by the same test.
+    # class of test_acceptance_laws.py's A5) must be rejected by the same test.
     with torch.no_grad():
         wrong = logits_to_probs(
             target.model(torch.tensor([prompt])).logits[0, -1], SamplingParams(1.5, top_k=6)

@@ -1,6 +1,6 @@
 """EAGLE-3 layouts (runtime/layouts.py) and MTP's DeepSeek layout (runtime/mtp_layout.py): every export
 reads back to `torch.equal` tensors and identical draft logits; aux-layer ids follow each engine's
-convention (with the Llama-3.1-8B example from mission_anchors.md part c); a head read with the wrong
+convention (with the Llama-3.1-8B example of docs/architecture.md, 5.6); a head read with the wrong
 convention taps other layers (the trap, shown); foreign heads without our provenance block load; bad
 layouts are refused naming the field; `--draft eagle3:` takes a folder or a (mocked) Hub id."""
 

@@ -1,4 +1,4 @@
-"""runtime/near_tie.py (reliability.md A11): the first mismatch between a run and plain decoding, and
+"""runtime/near_tie.py: the first mismatch between a run and plain decoding, and
 whether the target's logits there are within rounding of a tie. Negative controls: a genuine wrong token
 and a run that stopped early are never near-ties; a planted exact tie is one."""
 
@@ -127,7 +127,7 @@ def test_bench_judges_each_mismatch_and_reports_near_ties_apart():
     rows = [{**base, "method": "tied", **tie}, {**base, "method": "wrong", **wrong}]
     assert [bench_report.greedy_mark(r) for r in rows] == ["~", "!"]
     table = bench_report.format_table(rows)
-    assert "near-ties only (2 requests, A11)" in table and "**NO** (1 mismatching requests)" in table
+    assert "near-ties only (2 requests)" in table and "**NO** (1 mismatching requests)" in table
 
 
 CUDA = pytest.param(
@@ -141,7 +141,7 @@ CUDA = pytest.param(
 def test_bf16_speculative_decoding_is_greedy_identical_up_to_near_ties(device, static, spec, capsys):
     """EAGLE-3 drafting in bf16 (a random head; eager, and the static path: CUDA graphs on a GPU) against
     plain decoding in bf16, 8 prompts at batch 4: every request is identical, or its first mismatch is a
-    near-tie of the target's logits (A11); the gaps are printed either way. bf16 does produce such
+    near-tie of the target's logits; the gaps are printed either way. bf16 does produce such
     mismatches here (on this CPU 2 to 4 of 8 requests, gaps 0 to 0.5 against a tolerance of 0.5 to 1)."""
     target = Target(tiny_model("llama").to(device, torch.bfloat16), tiny_tokenizer(), "tiny-bf16")
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """Two processes on CPU through `accelerate launch` with the shipped configs: DDP over gloo, FSDP2 over
 gloo, DeepSpeed ZeRO-2 and ZeRO-3. Each must really run 2 processes, train the same head (up to float
 reduction order), resume from its own checkpoint, and refuse a resume into another world size. Run:
-pytest -m distributed (the first DeepSpeed run JIT-builds a small op, ~30 s; ecosystem_cpu.md 3b)."""
+pytest -m distributed (the first DeepSpeed run JIT-builds a small op, ~30 s: deepspeed_shm_comm)."""
 
 import json
 import os
@@ -54,7 +54,7 @@ def launch(launcher: str, cfg: Path, *overrides: str) -> subprocess.CompletedPro
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
     cmd = [accelerate, "launch", "--config_file", str(CONFIGS / f"{launcher}.yaml")]
     cmd += ["-m", "draftsmith.train", "--config", str(cfg), *overrides]
-    # gloo can hang at exit (ecosystem_cpu.md 2c): draftsmith.train leaves with os._exit; timeout = a guard
+    # gloo can hang at exit (a torch deadlock): draftsmith.train leaves with os._exit; timeout = a guard
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=CONFIGS.parents[1])
 
 

@@ -1,5 +1,5 @@
-"""The EAGLE-3 trainer on a tiny random target: artifacts, exact resume in a new process (reliability.md
-A12), the numerics guard (A14), refusals (exit code 2), the sample order, the LR schedule, trackers."""
+"""The EAGLE-3 trainer on a tiny random target: artifacts, exact resume in a new process,
+the numerics guard, refusals (exit code 2), the sample order, the LR schedule, trackers."""
 
 import json
 import os
