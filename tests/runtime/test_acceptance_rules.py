@@ -1,6 +1,6 @@
 """Unit tests for the acceptance rules in `draftsmith.runtime.acceptance`: golden cases and determinism.
 
-Designs (from /work/shared/research/reliability.md, section A):
+Designs (the A labels are shared with test_acceptance_laws.py and test_speculative.py):
 
 - Golden cases and degenerate inputs (A6 ties, A7): hand-built trees with known verdicts; NaN rows,
   placeholders, p == q, an all-zero residual and zero-mass tails must give in-range ids, no exception.
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 from acceptance_toys import BINARY2, CHAIN3, HISTORY, random_parents, sample_draft, toy_pair, verifier_inputs
+from tolerances import rounding_atol
 
 from draftsmith.runtime.acceptance import (
     Verdict,
@@ -127,7 +128,7 @@ def test_p_equals_q_accepts_with_probability_one():
     assert all(s == 1.0 for s in seen[300:])  # float64 rows that sum to 1 within rounding: exactly 1
     for x in range(50):
         r = updated_residual(p[0], p[0], x)  # reachable only by rounding: must stay a distribution
-        assert torch.isfinite(r).all() and abs(float(r.sum()) - 1) < 1e-5
+        assert torch.isfinite(r).all() and abs(float(r.sum()) - 1) <= rounding_atol(r.dtype, r.numel(), 1.0)
 
 
 def test_all_zero_residual_falls_back_in_range():
@@ -139,7 +140,10 @@ def test_all_zero_residual_falls_back_in_range():
     for x in range(16):
         v = accept_sampled([-1, 0], [0, x], p, q, lambda prob: False, draw)
         assert v.accepted == [] and 0 <= v.next_token < 16
-    assert all(torch.isfinite(d).all() and abs(float(d.sum()) - 1) < 1e-5 for d in dists)
+    # a float32 sum of 16 probabilities: at most 16 roundings off 1 (tests/tolerances.py)
+    assert all(
+        torch.isfinite(d).all() and abs(float(d.sum()) - 1) <= rounding_atol(d.dtype, 16, 1.0) for d in dists
+    )
 
 
 @pytest.mark.parametrize("vocab", [8193, 151936])

@@ -1,12 +1,14 @@
 """The EAGLE-3 head module: KV-cached and tree-masked forwards equal plain causal ones, draft ids map to
 target ids through d2t, tensor names are the SGLang/official layout's, and loading is strict (A15)."""
 
+import copy
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_model, tiny_tokenizer
+from tolerances import assert_float64_equal, assert_rounding_close
 
 from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head, load_head, save_head
 from draftsmith.runtime.errors import BadInputError
@@ -54,30 +56,34 @@ def head(target, request):
     return head
 
 
-def inputs(target, head, length, seed=0):
+def inputs(target, head, length, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(6, 100, (1, length), generator=g)
     feature = torch.randn(1, length, target.hidden_size, generator=g)
-    return target.embed(ids).detach(), feature
+    return target.embed(ids).detach().to(dtype), feature.to(dtype)
 
 
+# The two tests below are ALGORITHM tests (tests/tolerances.py): a float64 copy of the head on float64
+# inputs, where two summation orders agree to ~1e-13 on every CPU kind.
 @torch.no_grad()
 def test_cached_steps_equal_one_causal_forward(target, head):
-    embeds, feature = inputs(target, head, 9)
+    head = copy.deepcopy(head).double()
+    embeds, feature = inputs(target, head, 9, dtype=torch.float64)
     positions = torch.arange(9)[None]
     full = head(embeds, feature, positions)  # no cache: plain causal attention
     cache = head.new_cache(1, 4)  # grows as needed
     steps = [head(embeds[:, :5], feature[:, :5], positions[:, :5], cache)]
     for t in range(5, 9):
         steps.append(head(embeds[:, t : t + 1], feature[:, t : t + 1], positions[:, t : t + 1], cache))
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert_float64_equal(torch.cat(steps, dim=1), full)
 
 
 @torch.no_grad()
 def test_tree_masked_forward_equals_each_path(target, head):
     tree = Tree((-1, 0, 0, 1, 2, 2))
-    prefix_embeds, prefix_feature = inputs(target, head, 6, seed=1)
-    node_embeds, node_feature = inputs(target, head, tree.size, seed=2)
+    head = copy.deepcopy(head).double()
+    prefix_embeds, prefix_feature = inputs(target, head, 6, seed=1, dtype=torch.float64)
+    node_embeds, node_feature = inputs(target, head, tree.size, seed=2, dtype=torch.float64)
     cache = head.new_cache(1, 32)
     head(prefix_embeds, prefix_feature, torch.arange(6)[None], cache)
     positions = 6 + torch.tensor(tree.depths)[None]
@@ -87,7 +93,7 @@ def test_tree_masked_forward_equals_each_path(target, head):
         e = torch.cat([prefix_embeds, node_embeds[:, path]], dim=1)
         f = torch.cat([prefix_feature, node_feature[:, path]], dim=1)
         ref = head(e, f, torch.arange(6 + len(path))[None])
-        torch.testing.assert_close(out[0, node], ref[0, -1], atol=1e-5, rtol=1e-5)
+        assert_float64_equal(out[0, node], ref[0, -1])
 
 
 @torch.no_grad()
@@ -205,7 +211,9 @@ def test_eagle31_input_norms(target, tmp_path, flag, names):
     scale[: target.hidden_size] = 7.0 if flag == "fc_norm" else 1.0  # one aux state scaled alone
     if flag == "norm_before_fc":
         scale[:] = 7.0  # the whole concatenation scaled
-    assert torch.allclose(head.fuse(aux * scale), head.fuse(aux), atol=1e-5)
+    # PARITY in fp32 (tests/tolerances.py): an RMSNorm over 3 hidden, then fc over 3 hidden
+    fused = head.fuse(aux)
+    assert_rounding_close(head.fuse(aux * scale), fused, 2 * 3 * target.hidden_size)
     plain = Eagle3Head(Eagle3Config.for_target(target, [0, 1, 2], 64))  # same fc, no input norm
     plain.fc.load_state_dict(head.fc.state_dict())
     assert not torch.allclose(plain.fuse(aux * scale), plain.fuse(aux), atol=1e-3)  # the control

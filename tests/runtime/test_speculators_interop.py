@@ -1,4 +1,4 @@
-"""speculators (0.9.0) reads `to_speculators` folders as its own Eagle3DraftModel (mission_anchors.md b2).
+"""speculators (0.9.0) reads `to_speculators` folders as its own Eagle3DraftModel (docs/architecture.md, 5.5).
 
 Proves, with speculators' own code and a tiny random head: its config schema parses our config.json (aux
 ids in its input-of-layer convention = ours + 1, sizes, d2t: target id = draft id + d2t); its loader
@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tiny_models import make_tiny_dir
+from tolerances import layer_accumulations, rounding_atol
 
 from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.layouts import load_eagle3, to_speculators
@@ -33,7 +34,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:
 AUX = [0, 1, 2]  # our 0-based layer outputs: every layer of the 3-layer tiny target
 DRAFT_IDS = torch.arange(0, 128, 2)  # draft id i stands for target id 2i
 VERIFIER_ONLY = {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
-TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def assert_same_logits(theirs: torch.Tensor, ours: torch.Tensor, num_layers: int = 1) -> None:
+    """A PARITY test against another implementation in fp32 (tests/tolerances.py): the rounding of the
+    longest chain of sums (fc over 3 hidden, the layers, the final norm, the LM head) at the logits' scale;
+    the negative controls below miss by more than 1e-2."""
+    hidden, intermediate, seq = 64, 128, 7  # the tiny target and inputs()'s shapes (tests/tiny_models.py)
+    sums = 3 * hidden + num_layers * layer_accumulations(hidden, intermediate, seq) + 2 * hidden
+    atol = rounding_atol(torch.float32, sums, ours.abs().max().item())
+    torch.testing.assert_close(theirs, ours, atol=atol, rtol=0)
 
 
 def make_head(target, norm_before_residual: bool) -> Eagle3Head:
@@ -179,7 +189,7 @@ def test_same_draft_logits_as_speculators(head, tiny_target, tiny_dir, tmp_path)
     assert model.layers[0].norm_before_residual is head.config.norm_before_residual
     ids, aux, positions = inputs()
     ours = our_logits(head, tiny_target, ids, aux, positions)
-    torch.testing.assert_close(their_logits(model, ids, aux, positions), ours, **TOL)
+    assert_same_logits(their_logits(model, ids, aux, positions), ours)
 
 
 def test_flipped_norm_before_residual_gives_other_logits(head, tiny_target, tiny_dir, tmp_path):
@@ -260,8 +270,8 @@ def test_two_layer_head_matches_speculators_across_ttt_steps(tiny_target, tiny_d
     ids, aux, positions = inputs()
     ours = our_step_logits(head, tiny_target, ids, aux, 2)
     for theirs, mine in zip(their_step_logits(model, ids, aux, positions, 2), ours, strict=True):
-        torch.testing.assert_close(theirs, mine, **TOL)
+        assert_same_logits(theirs, mine, num_layers=2)
     flipped, _ = load_speculators(export(head, tiny_dir, tmp_path / "flipped", norm_output=not norm_output))
     step0, step1 = their_step_logits(flipped, ids, aux, positions, 2)
-    torch.testing.assert_close(step0, ours[0], **TOL)
+    assert_same_logits(step0, ours[0], num_layers=2)
     assert (step1 - ours[1]).abs().max() > 1e-2

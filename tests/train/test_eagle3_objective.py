@@ -3,9 +3,12 @@ at inference (step k at position t = the depth-k node of a chain drafted from ro
 tokens), the loss counts only supervised positions whose target argmax is a draft token, gradients reach
 the head only, and a few optimizer steps lower the loss on a fixed batch."""
 
+import copy
+
 import pytest
 import torch
 from tiny_models import tiny_model, tiny_tokenizer
+from tolerances import assert_float64_equal
 
 from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.target import Target
@@ -46,23 +49,33 @@ def make_batch(target, length=12, batch=2, seed=0):
 def test_unrolled_steps_equal_the_drafters_chain(target, options):
     """Training-time test sees what drafting sees: each step's output equals a cached chain of head
     steps whose features are the parent's output (normed with norm_output)."""
-    head = make_head(target, **options).eval()
+    # An ALGORITHM test (tests/tolerances.py): both paths in float64, where rounding (~1e-13) cannot hide
+    # or fake a difference. In fp32 they differ by ~1e-5 relative, by a CPU's GEMM kernel (AVX2 vs AVX-512).
+    head = make_head(target, **options).eval().double()
     batch = make_batch(target, batch=1)
-    ids, feats = batch.input_ids, batch.features
-    hs = list(unroll(head, target.embed, ids, feats, STEPS))
+    ids, feats = batch.input_ids, batch.features.double()
+
+    def embed(tokens):
+        return target.embed(tokens).double()
+
+    hs = list(unroll(head, embed, ids, feats, STEPS))
     length = ids.shape[1]
     for t in range(length - STEPS - 1):
         cache = head.new_cache(1, 64)
         # Committed pairs 0..t: (token j+1, fc(F_j)); the last output is the root's (step 0 at t).
-        h = head(
-            target.embed(ids[:, 1 : t + 2]), head.fc(feats[:, : t + 1]), torch.arange(t + 1)[None], cache
-        )
-        torch.testing.assert_close(hs[0][0, t], h[0, -1], atol=1e-5, rtol=1e-5)
+        h = head(embed(ids[:, 1 : t + 2]), head.fc(feats[:, : t + 1]), torch.arange(t + 1)[None], cache)
+        assert_float64_equal(hs[0][0, t], h[0, -1])
         out = h[:, -1:]
         for k in range(1, STEPS):  # depth-k node: true token t+k+1, parent's output, position t+k
-            token = target.embed(ids[:, t + k + 1 : t + k + 2])
-            out = head(token, head.next_feature(out), torch.tensor([[t + k]]), cache)  # prefix + chain
-            torch.testing.assert_close(hs[k][0, t], out[0, -1], atol=1e-5, rtol=1e-5)
+            token = embed(ids[:, t + k + 1 : t + k + 2])
+            feature = head.next_feature(out)
+            if k == 1:  # the control: one position off (a rotary slip) moves the output by ~2e-4 at a
+                # scale of 60, which an fp32 tolerance of 1e-5 relative would pass; float64's (~1e-10) cannot
+                shifted = head(token, feature, torch.tensor([[t + k + 1]]), copy.deepcopy(cache))
+                with pytest.raises(AssertionError):
+                    assert_float64_equal(hs[k][0, t], shifted[0, -1])
+            out = head(token, feature, torch.tensor([[t + k]]), cache)  # prefix + chain
+            assert_float64_equal(hs[k][0, t], out[0, -1])
 
 
 def test_loss_counts_supervised_in_vocab_positions_and_trains_the_head_only(target):

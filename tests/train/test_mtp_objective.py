@@ -5,10 +5,16 @@ oracle must disagree (the negative control), so the test can tell the shifts apa
 import pytest
 import torch
 from tiny_models import tiny_model, tiny_tokenizer
+from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 
 from draftsmith.runtime.mtp import MtpConfig, MtpHead, module_mask
 from draftsmith.runtime.target import Target
 from draftsmith.train.mtp_objective import mtp_loss, next_token_loss, teacher_positions
+
+# PARITY in fp32 (tests/tolerances.py): the batched loss and the per-position oracle round differently in
+# the modules' forwards (at most 3 chained, each like a layer of the tiny target), the LM head, the softmax
+# over 128 ids and the mean over positions (under 64 here)
+LOSS_SUMS = TINY_TARGET_SUMS + 64
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +68,10 @@ def test_mtp_loss_matches_the_oracle(setup, labels):
     sel = teacher_positions(mask, valid)
     out = mtp_loss(head, target, ids, h0, target.lm_head(h0[sel]), mask, valid, labels, decay=0.8)
     losses, hits, counts = oracle(target, head, ids, valid, mask, h0, lengths, labels)
-    torch.testing.assert_close(out.step_losses, torch.stack(losses), atol=1e-4, rtol=1e-5)
+    assert_rounding_close(out.step_losses, torch.stack(losses), LOSS_SUMS)
     assert out.correct.tolist() == hits and out.counted.tolist() == counts
     weights = 0.8 ** torch.arange(3.0)
-    torch.testing.assert_close(out.loss, (weights * torch.stack(losses)).sum(), atol=1e-4, rtol=1e-5)
+    assert_rounding_close(out.loss, (weights * torch.stack(losses)).sum(), LOSS_SUMS + 3)
 
 
 @torch.no_grad()
@@ -88,4 +94,4 @@ def test_next_token_loss_matches_the_oracle(setup):
         for t in range(n - 1)
         if mask[b, t + 1]
     ]
-    torch.testing.assert_close(got, torch.stack(ces).mean(), atol=1e-4, rtol=1e-5)
+    assert_rounding_close(got, torch.stack(ces).mean(), LOSS_SUMS)
