@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -319,11 +320,19 @@ def tracked_losses(tracker: str, out) -> dict:
                 losses.update({e.step: e.value for e in acc.Scalars("train/loss")})
         return losses
     (run_file,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
-    return {row["train/step"]: row["train/loss"] for row in wandb_history(run_file) if "train/loss" in row}
+    deadline = time.monotonic() + 30  # wandb's service may still be writing the file: wait for its exit
+    while (
+        "exit" not in (kinds := [kind for kind, _ in wandb_records(run_file)]) and time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert "exit" in kinds, f"{run_file} holds no exit record: {kinds}"
+    rows = [record.history.item for kind, record in wandb_records(run_file) if kind == "history"]
+    rows = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r} for r in rows]
+    return {row["train/step"]: row["train/loss"] for row in rows if "train/loss" in row}
 
 
-def wandb_history(path):
-    """History rows of an offline wandb run file: wandb's record log (a 7-byte ':W&B' header, then 32 KiB
+def wandb_records(path):
+    """(kind, record) of an offline wandb run file: wandb's record log (a 7-byte ':W&B' header, then 32 KiB
     blocks of records, each a 7-byte header `crc32 u32, length u16, kind u8` and a chunk; kinds 1 full,
     2 first, 3 middle, 4 last) whose records are `wandb_internal_pb2.Record` protobufs."""
     import struct
@@ -345,11 +354,7 @@ def wandb_history(path):
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(chunks)
-            if record.WhichOneof("record_type") == "history":
-                yield {
-                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                    for item in record.history.item
-                }
+            yield record.WhichOneof("record_type"), record
 
 
 def test_offline_mode_trains_exactly_like_online(tiny_dir, source, data_dir, tmp_path):
