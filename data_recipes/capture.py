@@ -24,6 +24,11 @@ decoder layer i, which is `hidden_states[i + 1]` in transformers. SGLang, SpecFo
 ids mean the same; vLLM, speculators and the EAGLE official code count "input to layer X" and name it i+1.
 The record states this and stores the ids in both conventions. Default: (1, L//2 - 1, L - 4).
 
+Sharded (`--num-shards N --shard-index K`, for several processes or machines): part K captures the rows
+of about a N-th of the tokens (a contiguous range) into `OUT/part-0000K-of-0000N/`, shards and record as
+above, each part resumable alone; `CaptureFolder(OUT)` reads the parts as one capture, rows in their
+original order, and names a missing part (draftsmith.data_recipes.parts).
+
 Resumable: shards are written atomically (temp name + fsync + rename), so a shard on disk is complete; a
 restart keeps the shards made with the same inputs (their metadata carries the inputs hash) and resumes
 at the row after the last one. Rows are processed one per forward in order and shard boundaries depend
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import shutil
 import time
 from collections.abc import Sequence
@@ -59,7 +65,14 @@ from draftsmith.data_recipes.common import (
     guard_out_dir,
     is_done,
     read_record,
-    require_record,
+)
+from draftsmith.data_recipes.parts import (
+    balanced_range,
+    check_shard_args,
+    load_prepared,
+    part_folder,
+    require_whole,
+    whole_done,
 )
 from draftsmith.data_recipes.vocab import DATA_STEPS
 from draftsmith.runtime.aux_layers import (  # noqa: F401 (re-exported)
@@ -128,8 +141,9 @@ def _shard_meta(path: Path) -> dict | None:
         return None
 
 
-def _scan_shards(out: Path, inputs_hash: str) -> list[dict]:
-    """Complete shards of this capture, in order; our shards made with other inputs are removed."""
+def _scan_shards(out: Path, inputs_hash: str, first_row: int = 0) -> list[dict]:
+    """Complete shards of this capture (its rows start at `first_row`), in order; our shards made with
+    other inputs are removed."""
     for tmp in out.glob(".shard-*.tmp"):  # a write killed before its rename
         tmp.unlink()
     files = sorted(out.glob("shard-*.safetensors"))
@@ -142,7 +156,7 @@ def _scan_shards(out: Path, inputs_hash: str) -> list[dict]:
                 "a capture folder",
             )
     kept: list[dict] = []
-    next_row = 0
+    next_row = first_row
     for k, (path, meta) in enumerate(zip(files, metas)):
         ok = (
             meta.get("inputs_hash") == inputs_hash
@@ -240,24 +254,28 @@ def _row_lengths(dataset) -> list[int]:
     return lengths
 
 
-def capture(
-    target,
-    data_dir: str | Path,
-    out: str | Path,
-    aux_layers=None,
-    storage_dtype: str = "bfloat16",
-    split: str = "train",
-    shard_tokens: int = 65536,
-    progress: bool = True,
-) -> dict:
-    """The `data capture` step; returns the finished step record (a no-op when already done)."""
-    data_dir, out = Path(data_dir), Path(out)
-    data_record = require_record(data_dir, "--data", DATA_STEPS)
-    check_same_target(data_record, target, "--target")
+def capture_done(
+    target, data_dir, out, aux_layers=None, storage_dtype="bfloat16", split="train", shard_tokens=65536
+) -> dict | None:
+    """The finished capture in `out` (one run's, or all its parts') that `capture` with these arguments
+    would leave, else None. Multi-process training asks every rank before any of them writes."""
+    data_record = require_whole(data_dir, "--data", DATA_STEPS)
     layers = resolve_aux_layers(aux_layers, target.num_layers)
-    _check_options(storage_dtype, split, shard_tokens)
-    guard_out_dir(out, data_dir, "capture")
-    record = StepRecord(
+    return _whole_done(Path(out), _record(target, data_record, layers, storage_dtype, split, shard_tokens))
+
+
+def _whole_done(out: Path, record: StepRecord) -> dict | None:
+    whole = whole_done(out, record.inputs_hash, "capture")
+    if whole is not None and all((out / s).is_file() for s in whole["outputs"].get("shards", [])):
+        return whole
+    return None
+
+
+def _record(
+    target, data_record: dict, layers, storage_dtype: str, split: str, shard_tokens: int
+) -> StepRecord:
+    """The capture's step record before any work: its inputs decide the hash (a part adds "shard")."""
+    return StepRecord(
         "capture",
         inputs={
             "fingerprint": fingerprint(target),
@@ -272,14 +290,43 @@ def capture(
             "shard_tokens": shard_tokens,
         },
     )
-    done = read_record(out)
-    if is_done(out, record) and all((out / s).is_file() for s in done["outputs"].get("shards", [])):
+
+
+def capture(
+    target,
+    data_dir: str | Path,
+    out: str | Path,
+    aux_layers=None,
+    storage_dtype: str = "bfloat16",
+    split: str = "train",
+    shard_tokens: int = 65536,
+    progress: bool = True,
+    num_shards: int = 1,
+    shard_index: int = 0,
+) -> dict:
+    """The `data capture` step; returns the finished step record (a no-op when already done).
+
+    With num_shards > 1 it captures part `shard_index` (rows of about a num_shards-th of the tokens,
+    `parts.balanced_range`) into OUT/part-K-of-N/; the parts read as one capture (CaptureFolder)."""
+    data_dir, out = Path(data_dir), Path(out)
+    check_shard_args(num_shards, shard_index)
+    data_record = require_whole(data_dir, "--data", DATA_STEPS)
+    check_same_target(data_record, target, "--target")
+    layers = resolve_aux_layers(aux_layers, target.num_layers)
+    _check_options(storage_dtype, split, shard_tokens)
+    guard_out_dir(out, data_dir, "capture")
+    record = _record(target, data_record, layers, storage_dtype, split, shard_tokens)
+    whole = _whole_done(out, record)  # made before, in one run or in parts
+    if whole is not None:
         log.info("capture: %s is up to date (same inputs); nothing to do", out)
+        return whole
+    part_out = part_folder(out, record, num_shards, shard_index, "capture")
+    done = read_record(part_out)
+    if is_done(part_out, record) and all((part_out / s).is_file() for s in done["outputs"].get("shards", [])):
+        log.info("capture: %s is up to date (same inputs); nothing to do", part_out)
         return done
 
-    import datasets
-
-    data = datasets.load_from_disk(str(data_dir))
+    data = load_prepared(data_dir)
     names = ["train", "validation"] if split == "all" else [split]
     missing = [name for name in names if name not in data]
     if missing:
@@ -289,35 +336,17 @@ def capture(
     for name, part in parts:
         bounds[name] = [total_rows, total_rows + len(part)]
         total_rows += len(part)
-
-    out.mkdir(parents=True, exist_ok=True)
-    if done is not None:  # a finished capture with other inputs: it is being replaced
-        (out / RECORD_FILE).unlink()
-    kept = _scan_shards(out, record.inputs_hash)
-    start_row = int(kept[-1]["end_row"]) if kept else 0
     lengths = [n for _, part in parts for n in _row_lengths(part)]
-    per_token = bytes_per_token(len(layers), target.hidden_size, storage_dtype)
-    todo_tokens = sum(lengths[start_row:])
-    estimate = todo_tokens * per_token + 16 * (total_rows - start_row)
-    log.info(
-        "capture: %d rows, %d tokens%s; about %s on disk (%d bytes/token: %d x %d %s values + id + mask)",
-        total_rows - start_row,
-        todo_tokens,
-        f" to go (resuming after row {start_row}, {len(kept)} shard(s) kept)" if kept else "",
-        human_bytes(estimate),
-        per_token,
-        len(layers) + 1,
-        target.hidden_size,
-        storage_dtype,
+    lo, hi = balanced_range(lengths, shard_index, num_shards) if num_shards > 1 else (0, total_rows)
+
+    part_out.mkdir(parents=True, exist_ok=True)
+    if done is not None:  # a finished capture with other inputs: it is being replaced
+        (part_out / RECORD_FILE).unlink()
+    kept = _scan_shards(part_out, record.inputs_hash, first_row=lo)
+    start_row = int(kept[-1]["end_row"]) if kept else lo
+    _check_disk(
+        part_out, lengths[start_row:hi], start_row, len(kept), layers, target.hidden_size, storage_dtype
     )
-    free = shutil.disk_usage(out).free
-    if estimate > free:
-        raise BadInputError(
-            "--out",
-            f"{human_bytes(free)} free on its disk",
-            f"about {human_bytes(estimate)} for this capture",
-            "free some space, pick another folder, or capture fewer rows",
-        )
 
     static_meta = {
         "format": CAPTURE_FORMAT,
@@ -328,53 +357,32 @@ def capture(
         "storage_dtype": storage_dtype,
         "hidden_size": str(target.hidden_size),
     }
-    writer = _ShardWriter(out, len(kept), start_row, static_meta, STORAGE_DTYPES[storage_dtype])
-    max_context = target.max_context
+    writer = _ShardWriter(part_out, len(kept), start_row, static_meta, STORAGE_DTYPES[storage_dtype])
     started = time.perf_counter()
-    bar = tqdm(total=total_rows, initial=start_row, desc="capture", unit="row", disable=not progress)
+    bar = tqdm(total=hi - lo, initial=start_row - lo, desc="capture", unit="row", disable=not progress)
     try:
-        row_number = 0
-        for _name, part in parts:
-            first = row_number
-            row_number += len(part)
-            if row_number <= start_row:
-                continue
-            skip = max(0, start_row - first)
-            rows = part.select_columns(["id", "input_ids", "loss_mask"]).select(range(skip, len(part)))
-            for offset, row in enumerate(rows):
-                index = first + skip + offset
-                ids, mask = row["input_ids"], row["loss_mask"]
-                _check_row(index, row["id"], ids, mask, target.vocab_size, max_context)
-                if sum(mask) > 0:
-                    tensors = capture_row(target, ids, layers)
-                    writer.add(index, row["id"], ids, mask, tensors)
-                    _check_finite(writer, index, row["id"], storage_dtype)
-                bar.update(1)
-                if writer.tokens >= shard_tokens:
-                    kept.append(writer.flush(end_row=index + 1))
-        if writer.lengths:
-            kept.append(writer.flush(end_row=total_rows))
+        kept += _capture_rows(target, parts, (start_row, hi), layers, writer, shard_tokens, bar)
     finally:
         bar.close()
     elapsed = time.perf_counter() - started
 
     rows_kept = sum(int(m["rows"]) for m in kept)
-    if rows_kept == 0:
+    if rows_kept == 0 and num_shards == 1:  # a part may hold none; the whole must hold some
         raise BadInputError(
             "--data", f"no row with supervised tokens in the {split} split", "loss_mask 1 somewhere"
         )
     shards = [shard_name(int(m["index"])) for m in kept]
     tokens = sum(int(m["tokens"]) for m in kept)
-    size = sum((out / s).stat().st_size for s in shards)
-    summary = Summary(read=total_rows, kept=rows_kept)
-    if total_rows - rows_kept:
-        summary.dropped[DROP_NO_SUPERVISED] = total_rows - rows_kept
+    size = sum((part_out / s).stat().st_size for s in shards)
+    summary = Summary(read=hi - lo, kept=rows_kept)
+    if hi - lo - rows_kept:
+        summary.dropped[DROP_NO_SUPERVISED] = hi - lo - rows_kept
     record.outputs = {
         "shards": shards,
         "rows": rows_kept,
         "tokens": tokens,
         "bytes": size,
-        "bytes_per_token": size / tokens,
+        "bytes_per_token": size / max(1, tokens),
         "splits": bounds,
         "aux_layer_ids": engine_layer_ids(layers),
         "tensors": {
@@ -386,9 +394,80 @@ def capture(
             "row_index": "int64 [rows]",
         },
         "device": str(target.device),
-        "last_run": {"rows": total_rows - start_row, "wall_s": round(elapsed, 3)},
+        "last_run": {"rows": hi - start_row, "wall_s": round(elapsed, 3)},
     }
-    return finish(out, record, summary)
+    if num_shards > 1:
+        record.outputs["part"] = {
+            "rows": [lo, hi],
+            "command": _part_command(
+                target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards
+            ),
+        }
+    return finish(part_out, record, summary)
+
+
+def _capture_rows(target, parts, rows_range, layers, writer: _ShardWriter, shard_tokens: int, bar) -> list:
+    """Capture rows [start, end) of the splits `parts` (numbered across them, in order) one forward each;
+    the metadata of every shard flushed, the last one included."""
+    start_row, end_row = rows_range
+    flushed, row_number = [], 0
+    for _name, part in parts:
+        first = row_number
+        row_number += len(part)
+        begin, end = max(0, start_row - first), min(len(part), end_row - first)
+        if begin >= end:
+            continue
+        rows = part.select_columns(["id", "input_ids", "loss_mask"]).select(range(begin, end))
+        for offset, row in enumerate(rows):
+            index = first + begin + offset
+            ids, mask = row["input_ids"], row["loss_mask"]
+            _check_row(index, row["id"], ids, mask, target.vocab_size, target.max_context)
+            if sum(mask) > 0:
+                writer.add(index, row["id"], ids, mask, capture_row(target, ids, layers))
+                _check_finite(writer, index, row["id"], writer.static_meta["storage_dtype"])
+            bar.update(1)
+            if writer.tokens >= shard_tokens:
+                flushed.append(writer.flush(end_row=index + 1))
+    if writer.lengths:
+        flushed.append(writer.flush(end_row=end_row))
+    return flushed
+
+
+def _check_disk(
+    out: Path, lengths, start_row: int, kept: int, layers, hidden_size: int, storage_dtype: str
+) -> None:
+    """Log the rows, tokens and bytes to go (`lengths`: of the rows to go); refuse when they do not fit."""
+    per_token = bytes_per_token(len(layers), hidden_size, storage_dtype)
+    todo_tokens = sum(lengths)
+    estimate = todo_tokens * per_token + 16 * len(lengths)
+    log.info(
+        "capture: %d rows, %d tokens%s; about %s on disk (%d bytes/token: %d x %d %s values + id + mask)",
+        len(lengths),
+        todo_tokens,
+        f" to go (resuming after row {start_row}, {kept} shard(s) kept)" if kept else "",
+        human_bytes(estimate),
+        per_token,
+        len(layers) + 1,
+        hidden_size,
+        storage_dtype,
+    )
+    free = shutil.disk_usage(out).free
+    if estimate > free:
+        raise BadInputError(
+            "--out",
+            f"{human_bytes(free)} free on its disk",
+            f"about {human_bytes(estimate)} for this capture",
+            "free some space, pick another folder, or capture fewer rows",
+        )
+
+
+def _part_command(target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards) -> str:
+    """The `draftsmith data capture` line that makes a part of this run (its --shard-index appended)."""
+    words = ["draftsmith", "data", "capture", "--target", getattr(target, "path", None) or target.name]
+    words += ["--dtype", str(target.dtype).removeprefix("torch."), "--data", str(data_dir), "--out", str(out)]
+    words += ["--aux-layers", ",".join(map(str, layers)), "--storage-dtype", storage_dtype, "--split", split]
+    words += ["--shard-tokens", str(shard_tokens), "--num-shards", str(num_shards)]
+    return shlex.join(words)
 
 
 def _check_row(index: int, row_id: str, ids, mask, vocab_size: int, max_context: int) -> None:
@@ -428,6 +507,13 @@ def summary_lines(record: dict) -> list[str]:
         f"capture: aux layers {i['aux_layers']} (0-based layer outputs; vLLM/speculators ids "
         f"{[x + 1 for x in i['aux_layers']]})",
     ]
+    shard = i.get("shard")
+    if shard:
+        lo, hi = o["part"]["rows"]
+        lines.append(
+            f"capture: part {shard['index']} of {shard['count']} (rows {lo}:{hi}); the folder reads as one "
+            "capture once every part is done"
+        )
     last = o.get("last_run") or {}
     if last.get("wall_s"):
         lines.append(f"capture: {last['rows'] / last['wall_s']:.1f} rows/s in this run")
@@ -439,7 +525,8 @@ def summary_lines(record: dict) -> list[str]:
 
 def run_from_args(args: argparse.Namespace) -> None:
     # Cheap checks before loading the target (seconds to minutes).
-    require_record(args.data, "--data", DATA_STEPS)
+    check_shard_args(args.num_shards, args.shard_index)
+    require_whole(args.data, "--data", DATA_STEPS)
     layers = parse_aux_layers(args.aux_layers)
     _check_options(args.storage_dtype, args.split, args.shard_tokens)
 
@@ -454,6 +541,8 @@ def run_from_args(args: argparse.Namespace) -> None:
         storage_dtype=args.storage_dtype,
         split=args.split,
         shard_tokens=args.shard_tokens,
+        num_shards=args.num_shards,
+        shard_index=args.shard_index,
     )
     for line in summary_lines(record):
         log.info(line)

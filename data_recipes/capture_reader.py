@@ -4,7 +4,9 @@
     folder.check_target(target)          # refuse another tokenizer / template / vocab
     row = folder[0]         # input_ids [T], loss_mask [T], aux_hidden [T, A*H], last_hidden [T, H]
 
-The shard format is described in `draftsmith.data_recipes.capture`.
+The shard format is described in `draftsmith.data_recipes.capture`. A folder of the parts of a sharded
+capture (OUT/part-K-of-N/) reads as one capture, rows in their original order; a missing part is refused
+by name (draftsmith.data_recipes.parts).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from draftsmith.data_recipes.common import check_same_target, require_record
+from draftsmith.data_recipes.common import check_same_target
+from draftsmith.data_recipes.parts import require_whole
 from draftsmith.runtime.errors import BadInputError
 
 TOKEN_TENSORS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
@@ -29,7 +32,7 @@ class CaptureFolder:
         from safetensors import safe_open
 
         self.folder = Path(folder)
-        self.record = require_record(self.folder, field_name, ("capture",))
+        self.record = require_whole(self.folder, field_name, ("capture",))  # one folder, or its parts
         inputs = self.record["inputs"]
         self.aux_layers = tuple(inputs["aux_layers"])
         self.hidden_size = inputs["hidden_size"]

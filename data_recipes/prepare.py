@@ -252,6 +252,7 @@ def write_splits(
     supervised = sum(int(r["loss_mask"].sum()) for rows in splits.values() for r in rows)
     prompts_only = record.step == "prepare" and str(record.inputs.get("source")).startswith("prompts:")
     record.outputs = {
+        **record.outputs,  # what the step set before (a part's identity)
         "splits": {name: len(splits.get(name, [])) for name in SPLITS},
         "tokens": tokens,
         "supervised_tokens": supervised,

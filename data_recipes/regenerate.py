@@ -9,6 +9,9 @@ with answers 1..j-1 already replaced, the user (and system) turns kept as they w
 - Batched through draftsmith's own decoding engine (`engine.decode_batch`), rows grouped by turn.
 - Deterministic under a seed: each (conversation id, turn) samples with its own generator seeded from
   (seed, id, turn), so answers do not depend on batch size, order, or on where a killed run resumed.
+- Sharded with `--num-shards N --shard-index K` (one process or machine each): part K regenerates a
+  contiguous N-th of the conversations into OUT/part-0000K-of-0000N/; the parts read as one folder, rows
+  in their original order, in every later step (draftsmith.data_recipes.parts).
 - Resumable: every finished batch is appended to OUT.partial/answers-NNNNN.jsonl (written atomically);
   a restart reads them and generates only what is missing. The finished folder has the prepared format
   (the same train/validation membership as the input) and records the sampling settings.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import shutil
 from pathlib import Path
 
@@ -25,13 +29,21 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.data_recipes.common import (
+    RECORD_FILE,
     StepRecord,
     Summary,
     check_same_target,
     content_hash,
     fingerprint,
     is_done,
-    require_record,
+)
+from draftsmith.data_recipes.parts import (
+    check_shard_args,
+    load_prepared,
+    part_folder,
+    require_whole,
+    shard_range,
+    whole_done,
 )
 from draftsmith.runtime.config import atomic_write_text
 from draftsmith.runtime.engine import decode_batch
@@ -141,19 +153,23 @@ def regenerate(
     seed: int = 0,
     batch_size: int = 8,
     progress: bool = True,
+    num_shards: int = 1,
+    shard_index: int = 0,
 ) -> dict:
-    """Regenerate a prepared folder into `out` (prepared format); a no-op when already done."""
-    import datasets
+    """Regenerate a prepared folder into `out` (prepared format); a no-op when already done.
 
+    With num_shards > 1 it regenerates part `shard_index` (a contiguous N-th of the conversations,
+    `parts.shard_range`) into OUT/part-K-of-N/; the parts read as one folder (`parts.load_prepared`)."""
     from draftsmith.data_recipes.prepare import write_prepared
 
     params.validate()
     for name, value in (("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BadInputError(name, value, "an integer >= 1")
-    source = require_record(data_dir, "--data", ("prepare", "regenerate"))
+    check_shard_args(num_shards, shard_index)
+    source = require_whole(data_dir, "--data", ("prepare", "regenerate"))
     check_same_target(source, target, "--target")
-    out, partial = Path(out), Path(f"{out}.partial")
+    out = Path(out)
     record = StepRecord(
         "regenerate",
         inputs={
@@ -165,17 +181,33 @@ def regenerate(
             "max_length": source["inputs"].get("max_length"),
         },
     )
-    if is_done(out, record):
+    whole = whole_done(out, record.inputs_hash, "regenerate")  # made before, in one run or in parts
+    if whole is not None:
         log.info("%s already holds this regeneration (inputs %s): nothing to do", out, record.inputs_hash)
-        return json.loads((out / "draftsmith_data.json").read_text())
+        return whole
+    part = part_folder(out, record, num_shards, shard_index, "regenerate")
+    if num_shards > 1:
+        if is_done(part, record):
+            log.info("%s already holds this part (inputs %s): nothing to do", part, record.inputs_hash)
+            return json.loads((part / RECORD_FILE).read_text())
+    partial = Path(f"{part}.partial")
     partial.mkdir(parents=True, exist_ok=True)
     atomic_write_text(partial / "inputs.json", json.dumps(record.inputs, indent=1))
-    dataset = datasets.load_from_disk(str(data_dir))
+    dataset = load_prepared(data_dir)
     conversations = {
         row["id"]: json.loads(row["messages"])
         for split in dataset
         for row in dataset[split].select_columns(["id", "messages"])
     }
+    if num_shards > 1:  # a contiguous range: the parts concatenated keep every split's row order
+        if num_shards > len(conversations):
+            raise BadInputError(
+                "--num-shards", num_shards, f"at most {len(conversations)} (the rows of --data)"
+            )
+        lo, hi = shard_range(len(conversations), shard_index, num_shards)
+        conversations = dict(list(conversations.items())[lo:hi])
+        command = _part_command(target, data_dir, out, params, max_new_tokens, seed, batch_size, num_shards)
+        record.outputs["part"] = {"rows": [lo, hi], "command": command}
     summary = Summary(read=len(conversations))
     new = generate_turns(
         target, conversations, params, max_new_tokens, seed, batch_size, partial, summary, progress
@@ -185,16 +217,39 @@ def regenerate(
         for split in dataset
     }
     # Rows keep their source split, so validation stays held out from what heads train on.
-    done = write_prepared(target, rows, out, record, summary, record.inputs["max_length"], progress=progress)
+    done = write_prepared(target, rows, part, record, summary, record.inputs["max_length"], progress=progress)
     shutil.rmtree(partial, ignore_errors=True)
     return done
+
+
+def _part_command(target, data_dir, out, params, max_new_tokens, seed, batch_size, num_shards) -> str:
+    """The `draftsmith data regenerate` line that makes a part of this run (its --shard-index appended)."""
+    words = ["draftsmith", "data", "regenerate", "--target", getattr(target, "path", None) or target.name]
+    words += ["--dtype", str(target.dtype).removeprefix("torch."), "--data", str(data_dir), "--out", str(out)]
+    options = {"--temperature": params.temperature, "--top-p": params.top_p, "--top-k": params.top_k}
+    options |= {"--max-new-tokens": max_new_tokens, "--seed": seed, "--batch-size": batch_size}
+    options["--num-shards"] = num_shards
+    return shlex.join(words + [str(w) for option in options.items() for w in option])
 
 
 def run_from_args(args) -> None:
     from draftsmith.runtime.target import Target
 
+    check_shard_args(args.num_shards, args.shard_index)  # before loading the target
     target = Target.load(args.target, device=args.device, dtype=args.dtype)
     params = SamplingParams(args.temperature, args.top_p, args.top_k)
-    done = regenerate(target, args.data, args.out, params, args.max_new_tokens, args.seed, args.batch_size)
+    done = regenerate(
+        target,
+        args.data,
+        args.out,
+        params,
+        args.max_new_tokens,
+        args.seed,
+        args.batch_size,
+        num_shards=args.num_shards,
+        shard_index=args.shard_index,
+    )
     summary = done.get("summary") or {}
-    log.info("regenerated into %s: %s", args.out, json.dumps(summary))
+    shard = done["inputs"].get("shard")
+    where = f"{args.out} (part {shard['index']} of {shard['count']})" if shard else args.out
+    log.info("regenerated into %s: %s", where, json.dumps(summary))

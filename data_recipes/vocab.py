@@ -39,8 +39,8 @@ from draftsmith.data_recipes.common import (
     guard_out_dir,
     is_done,
     read_record,
-    require_record,
 )
+from draftsmith.data_recipes.parts import load_prepared, require_whole
 from draftsmith.runtime.artifacts import check_draft_vocab_size, validate_draft_vocab  # noqa: F401
 from draftsmith.runtime.errors import BadInputError
 
@@ -197,7 +197,7 @@ def write_draft_vocab(
 ) -> dict:
     """The `data vocab` step: count, build, validate, write. Returns the step record (a no-op if done)."""
     data_dir, out = Path(data_dir), Path(out)
-    data_record = require_record(data_dir, "--data", DATA_STEPS)
+    data_record = require_whole(data_dir, "--data", DATA_STEPS)  # one folder, or a sharded run's parts
     fp = data_record["inputs"].get("fingerprint") or {}
     vocab_size = fp.get("vocab_size")
     if not isinstance(vocab_size, int) or vocab_size <= 0:
@@ -217,13 +217,11 @@ def write_draft_vocab(
         log.info("vocab: %s is up to date (same inputs); nothing to do", out)
         return read_record(out)
 
-    import datasets
-
     done = read_record(out)
     if done is not None:  # a finished map with other inputs: it is being replaced
         (out / RECORD_FILE).unlink()
     summary = Summary()
-    counts = count_supervised(datasets.load_from_disk(str(data_dir)), vocab_size, split, summary=summary)
+    counts = count_supervised(load_prepared(data_dir), vocab_size, split, summary=summary)
     total = int(counts.sum())
     if total == 0:
         raise BadInputError("--data", f"no supervised tokens in the {split} split", "loss_mask 1 somewhere")

@@ -3,6 +3,7 @@ issue 9 asks to measure against it (scripts/attention_bench.py, scripts/gpu_meas
 imported.
 
     out = tree_attention_flex(q, k, v, mask, scale)   # the same signature and result as tree_attention_ref
+    out, lse = causal_attention_flex(q, k, v, scale)  # causal, with its log-sum-exp (training's TTT step)
 
 FlexAttention (Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention
 Kernels") generates a fused kernel from a `mask_mod`; here the mask_mod reads draftsmith's dense boolean
@@ -11,7 +12,9 @@ shape changes every cycle and is data, not a formula. The block mask is rebuilt 
 call, which is the honest per-step cost (the mask changes every cycle); `block_mask=` lets a benchmark
 separate the two. On CUDA the attention runs compiled (Triton kernels generated on the first shapes; the
 static path's graph warm-up compiles before capture); elsewhere it runs FlexAttention's eager path, which
-computes the same math densely (what the CPU tests check against the reference).
+computes the same math densely (what the CPU tests check against the reference). The TTT step's causal
+part (`causal_attention_flex`, train/ttt_attention.py) is a formula, not data: its block mask is built from
+the mask_mod once per length, and FlexAttention returns the log-sum-exp the step's merge needs.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import functools
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, create_block_mask, flex_attention
 
 BLOCK = 128  # FlexAttention's default tile: one query block holds every tree up to 128 nodes
 
@@ -80,3 +83,32 @@ def tree_attention_flex(
     run = _compiled(q.device.type) if compile_it else flex_attention
     gqa = q.shape[1] != k.shape[1]
     return run(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+
+
+@functools.lru_cache(maxsize=32)
+def causal_block_mask(length: int, device: str) -> BlockMask:
+    """The causal [T, T] block mask, from its formula (no dense mask), cached per length and device."""
+
+    def causal(b, h, q_idx, kv_idx):  # noqa: ARG001 - one mask for every row and head
+        return kv_idx <= q_idx
+
+    return create_block_mask(causal, None, None, length, length, device=device)
+
+
+def causal_attention_flex(
+    q: torch.Tensor,  # [B, Hq, T, D]
+    k: torch.Tensor,  # [B, Hkv, T, D]
+    v: torch.Tensor,  # [B, Hkv, T, D]
+    scale: float,
+    compiled: bool | None = None,  # None = compiled on CUDA, eager elsewhere (eager has no backward on CPU)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention -> (out [B, Hq, T, D], log-sum-exp [B, Hq, T] fp32); FlexAttention
+    differentiates both (train/ttt_attention.py merges the TTT step's diagonal keys with the lse)."""
+    compile_it = q.device.type == "cuda" if compiled is None else compiled
+    run = _compiled(q.device.type) if compile_it else flex_attention
+    block_mask = causal_block_mask(q.shape[2], str(q.device))
+    out, aux = run(
+        q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+        return_aux=AuxRequest(lse=True),
+    )  # fmt: skip
+    return out, aux.lse

@@ -185,16 +185,20 @@ def weights_hash(model) -> str:
     )
 
 
-def weights_hash_of_tensors(tensors: dict[str, torch.Tensor], num_layers: int) -> str:
-    """`weights_hash` from a checkpoint's tensors (HF names), without building the model."""
+def weights_hash_names(num_layers: int) -> list[str]:
+    """The checkpoint tensors (HF names) `weights_hash` reads, in its order."""
     last = num_layers - 1
-    names = [
+    return [
         "model.norm.weight",
         "model.layers.0.self_attn.q_proj.weight",
         f"model.layers.{last}.self_attn.q_proj.weight",
         f"model.layers.{last}.mlp.down_proj.weight",
     ]
-    return _hash_parts([tensors[n] for n in names])
+
+
+def weights_hash_of_tensors(tensors: dict[str, torch.Tensor], num_layers: int) -> str:
+    """`weights_hash` from a checkpoint's tensors (HF names), without building the model."""
+    return _hash_parts([tensors[n] for n in weights_hash_names(num_layers)])
 
 
 def _hash_parts(parts: list[torch.Tensor]) -> str:

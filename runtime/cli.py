@@ -232,16 +232,41 @@ def add_train(sub) -> None:
             "  draftsmith train --config configs/eagle3-smollm2-135m.yaml\n"
             "  draftsmith train --config configs/mtp-cotrain-lora-smollm2-135m.yaml\n"
             "  draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 \\\n"
-            "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb"
+            "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb\n"
+            "  draftsmith train --preflight --config configs/eagle3-smollm2-135m.yaml \\\n"
+            "      target=meta-llama/Llama-3.3-70B-Instruct data.max_length=4096 --world-size 8\n\n"
+            "A run first estimates its memory per rank from the target's config.json (train/preflight.py),\n"
+            "prints it and refuses (exit 2) what exceeds the device: train.preflight=warn tries anyway."
         ),
     )
-    p.add_argument("--config", required=True, help="YAML train config, e.g. configs/eagle3-smollm2-135m.yaml")
+    p.add_argument("--config", help="YAML train config, e.g. configs/eagle3-smollm2-135m.yaml")
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="print the memory estimate per rank for each strategy and exit: no weights or data are read "
+        "(target= a model folder, a config.json, a Hub id or one under configs/targets/)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int_arg("--world-size"),
+        help="--preflight: ranks to estimate for (default: WORLD_SIZE, the GPUs here, else 8)",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
     p.set_defaults(run=run_train)
 
 
 def run_train(args: argparse.Namespace) -> None:
     from draftsmith.train.config import load_train_config
+
+    if args.preflight:
+        from draftsmith.train.preflight_report import preflight_report
+
+        if args.world_size is not None and args.world_size < 1:
+            raise BadInputError("--world-size", args.world_size, "an integer >= 1")
+        print(preflight_report(load_train_config(args.config, args.overrides), args.world_size), flush=True)
+        return
+    if args.config is None:
+        raise BadInputError("--config", None, "a YAML train config (optional only with --preflight)")
     from draftsmith.train.trainer import train
 
     train(load_train_config(args.config, args.overrides))

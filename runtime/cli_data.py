@@ -19,11 +19,13 @@ def add_data(sub) -> None:
         description=(
             "Data recipes for head training. Each step writes a folder with a draftsmith_data.json record\n"
             "(inputs hash, target/tokenizer/template hashes, summary of kept and dropped rows); re-running\n"
-            "a step with the same inputs is a no-op, a killed step resumes.\n\n"
+            "a step with the same inputs is a no-op, a killed step resumes. regenerate and capture take\n"
+            "--num-shards N --shard-index K (one process or machine per part; the parts read as one).\n\n"
             "examples:\n"
             "  draftsmith data prepare --source sharegpt --out data/sg --max-samples 1000 --max-length 1024\n"
             "  draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8\n"
             "  draftsmith data capture --data data/sg-regen --out data/sg-hidden --dtype bfloat16\n"
+            "  draftsmith data capture --data data/sg-regen --out data/sg-h --num-shards 4 --shard-index 0\n"
             "  draftsmith data vocab --data data/sg-regen --draft-vocab-size 8192 --out data/sg-vocab"
         ),
     )
@@ -73,6 +75,7 @@ def add_data(sub) -> None:
     )
     regen.add_argument("--seed", type=int_arg("--seed"), default=0)
     regen.add_argument("--batch-size", type=int_arg("--batch-size"), default=8)
+    add_shard_args(regen, "conversations")
     regen.set_defaults(run=_run_data("regenerate"))
 
     cap = steps.add_parser(
@@ -93,6 +96,7 @@ def add_data(sub) -> None:
     cap.add_argument("--storage-dtype", default="bfloat16", help="bfloat16, float16 or float32")
     cap.add_argument("--split", default="train", help="train, validation or all")
     cap.add_argument("--shard-tokens", type=int_arg("--shard-tokens"), default=65536, help="tokens per shard")
+    add_shard_args(cap, "rows (about equal tokens)")
     cap.set_defaults(run=_run_data("capture"))
 
     voc = steps.add_parser(
@@ -104,6 +108,19 @@ def add_data(sub) -> None:
     voc.add_argument("--draft-vocab-size", type=int_arg("--draft-vocab-size"), required=True)
     voc.add_argument("--out", required=True, help="output folder (draft_vocab.safetensors + record)")
     voc.set_defaults(run=_run_data("vocab"))
+
+
+def add_shard_args(p: argparse.ArgumentParser, unit: str) -> None:
+    p.add_argument(
+        "--num-shards",
+        type=int_arg("--num-shards"),
+        default=1,
+        help=f"split the work into N parts, one per process or machine: part K takes a contiguous N-th of "
+        f"the {unit} into OUT/part-K-of-N/; the parts read as one folder once all are done",
+    )
+    p.add_argument(
+        "--shard-index", type=int_arg("--shard-index"), default=0, help="which part this run makes (0..N-1)"
+    )
 
 
 def _run_data(step: str):

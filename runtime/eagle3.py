@@ -150,6 +150,9 @@ class Eagle3Attention(nn.Module):
         k = self.k_proj(x).view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *rope)
+        if hasattr(cache, "attend"):  # a cache that attends itself (the TTT step: train/eagle3_objective.py)
+            out = cache.attend(q, k, v, self.layer_idx)  # [B, nh, T, d]
+            return self.o_proj(out.transpose(1, 2).reshape(batch, new, -1))
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)  # [B, nkv, S, d]
         if mask is None:
@@ -247,6 +250,8 @@ class Eagle3Head(nn.Module):
         tree_mask: torch.Tensor | None = None,  # [B?, T, W] over the last W cache slots (masks.py)
     ) -> torch.Tensor:
         """-> the last layer's output [B, T, H], pre-norm (`next_feature(h)` is the next step's feature)."""
+        if hasattr(cache, "attend"):  # a cache that attends itself (the TTT step's): no slots, no mask
+            return self.run_layers(embeds, feature, position_ids, cache, None)
         mask = None
         if cache is not None:
             batch, new = embeds.shape[:2]
@@ -287,7 +292,8 @@ class Eagle3Head(nn.Module):
         return self.norm(h) if self.config.norm_output else h
 
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(h)).float()  # [..., Vd]
+        logits = self.lm_head(self.norm(h))  # [..., Vd]
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32, float64 kept
 
     def target_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft logits placed at their target ids, -inf elsewhere -> [..., V] (what vLLM's compute_logits

@@ -90,7 +90,7 @@ class MtpConfig:
             num_modules=num_modules,
             model_type=cfg["model_type"],
             tokenizer_hash=tokenizer_hash(target.tokenizer),
-            target_weights_hash=weights_hash(target.model),
+            target_weights_hash=target.weights_hash(),  # Target and TargetParts agree on it
             num_target_layers=target.num_layers,
             layer=layer,
             cotrained=cotrained,
@@ -189,7 +189,7 @@ class MtpHead(nn.Module):
                 self.config.model_type,
                 f"{family!r}, the family of the target {target.name}",
             )
-        last = target.decoder.layers[-1].state_dict()
+        last = target.layer_state(target.num_layers - 1)  # TargetParts reads it from the checkpoint
         block = {k for k in self.layers[0].state_dict() if not k.startswith(OWN)}
         if block != set(last):
             raise BadInputError(

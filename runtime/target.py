@@ -19,9 +19,11 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from draftsmith.runtime.artifacts import weights_hash, weights_hash_names, weights_hash_of_tensors
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.masks import attention_mask, is_plain_causal
@@ -58,42 +60,20 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-class Target:
-    def __init__(self, model, tokenizer, name: str):
-        model_type = getattr(model.config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise BadInputError("target model_type", model_type, f"one of {list(SUPPORTED_MODEL_TYPES)}")
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name
-        self.path: str | None = None  # the local folder it was loaded from (Target.load sets it)
-        self.config = model.config
-        self.decoder = model.model  # embed_tokens, layers, norm, rotary_emb
-        # transformers renamed the layers' cache argument (past_key_values -> cache) during 5.x.
-        params = inspect.signature(type(self.decoder.layers[0]).forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+def context_limit(config) -> int:
+    """Longest sequence we serve: the trained context, capped by a sliding window we do not mask."""
+    limit = config.max_position_embeddings
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True):
+        limit = min(limit, window)
+    return limit
 
-    @classmethod
-    def load(cls, spec: str = "smollm2-135m", device: str = "auto", dtype: str = "auto") -> Target:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
-        resolved = resolve_target(spec)
-        dev = pick_device(device)
-        torch_dtype = pick_dtype(dtype, dev)
-        hf_logging.disable_progress_bar()  # loading a local safetensors folder takes seconds
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                resolved.path, dtype=torch_dtype, attn_implementation="sdpa"
-            ).to(dev)
-            tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-        finally:
-            hf_logging.enable_progress_bar()
-        target = cls(model, tokenizer, resolved.name)
-        target.path = str(resolved.path)
-        return target
+class TargetPieces:
+    """The shape facts and the pieces heads reuse (embedding, final norm, LM head), shared by the whole
+    `Target` and offline training's `TargetParts` (runtime/target_parts.py). Needs `config`, `model`
+    (with `lm_head`) and `decoder` (with `embed_tokens` and `norm`)."""
 
-    # ---- shape facts -------------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
         return self.decoder.embed_tokens.weight.device
@@ -116,13 +96,75 @@ class Target:
 
     @property
     def max_context(self) -> int:
-        """Longest sequence we serve: the trained context, capped by a sliding window we do not mask."""
-        limit = self.config.max_position_embeddings
-        window = getattr(self.config, "sliding_window", None)
-        if window and getattr(self.config, "use_sliding_window", True):
-            limit = min(limit, window)
-        return limit
+        return context_limit(self.config)
 
+    # ---- pieces heads reuse ------------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(input_ids)  # [B, T] -> [B, T, H]
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder.norm(hidden)
+
+    def lm_head(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(normed)  # [..., H] -> [..., V]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden [..., H] -> logits [..., V] in float32."""
+        return self.lm_head(self.final_norm(hidden)).float()
+
+
+class Target(TargetPieces):
+    def __init__(self, model, tokenizer, name: str):
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise BadInputError("target model_type", model_type, f"one of {list(SUPPORTED_MODEL_TYPES)}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.path: str | None = None  # the local folder it was loaded from (Target.load sets it)
+        self.config = model.config
+        self.decoder = model.model  # embed_tokens, layers, norm, rotary_emb
+        # transformers renamed the layers' cache argument (past_key_values -> cache) during 5.x.
+        params = inspect.signature(type(self.decoder.layers[0]).forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # tensor parallel (runtime/placement.py): this rank holds 1/tp_size of each layer, its group's
+        # ranks run every forward together; `driver` is set while this rank drives the others
+        self.tp_size, self.tp_group, self.driver = 1, None, None
+
+    @classmethod
+    def load(
+        cls, spec: str = "smollm2-135m", device: str = "auto", dtype: str = "auto", layout=None
+    ) -> Target:
+        """`layout` (runtime/placement.py, inside a process group): with layout.tp > 1 this rank loads
+        only its tensor-parallel shard of each layer (every rank of its group must load too)."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        resolved = resolve_target(spec)
+        dev = pick_device(device)
+        torch_dtype = pick_dtype(dtype, dev)
+        tp = layout.tp if layout is not None else 1
+        hf_logging.disable_progress_bar()  # loading a local safetensors folder takes seconds
+        try:
+            if tp > 1:
+                from draftsmith.runtime.placement import load_tensor_parallel
+
+                config = AutoConfig.from_pretrained(resolved.path)
+                model = load_tensor_parallel(resolved.path, config, layout, torch_dtype, dev)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    resolved.path, dtype=torch_dtype, attn_implementation="sdpa"
+                ).to(dev)
+            tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        finally:
+            hf_logging.enable_progress_bar()
+        target = cls(model, tokenizer, resolved.name)
+        target.path = str(resolved.path)
+        if tp > 1:
+            target.tp_size, target.tp_group = tp, model._device_mesh["tp"].get_group()
+        return target
+
+    # ---- shape facts (TargetPieces has the ones parts-only targets share) -------------------------------
     @property
     def eos_token_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id
@@ -154,18 +196,27 @@ class Target:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # ---- pieces heads reuse ------------------------------------------------------------------------
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.decoder.embed_tokens(input_ids)  # [B, T] -> [B, T, H]
+    def layer_state(self, index: int) -> dict[str, torch.Tensor]:
+        """Decoder layer `index`'s tensors under the layer's own names (MTP blocks start as a copy)."""
+        if self.tp_size > 1:  # this rank holds shards of them: read the whole ones from the checkpoint
+            prefix = f"model.layers.{index % self.num_layers}."
+            state = self.decoder.layers[index].state_dict()
+            tensors = self._read([prefix + name for name in state])
+            return {n.removeprefix(prefix): t for n, t in tensors.items()}
+        return self.decoder.layers[index].state_dict()
 
-    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.decoder.norm(hidden)
+    def weights_hash(self) -> str:
+        """artifacts.weights_hash of these weights (what an MTP head records; TargetParts gives the same)."""
+        if self.tp_size > 1:
+            return weights_hash_of_tensors(self._read(weights_hash_names(self.num_layers)), self.num_layers)
+        return weights_hash(self.model)
 
-    def lm_head(self, normed: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(normed)  # [..., H] -> [..., V]
+    def _read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Whole tensors of a tensor-parallel target from its checkpoint, cast as loading casts them."""
+        from draftsmith.runtime.target_parts import Checkpoint
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Pre-norm hidden [..., H] -> logits [..., V] in float32."""
-        return self.lm_head(self.final_norm(hidden)).float()
+        tensors = Checkpoint.open(Path(self.path)).read(names)
+        return {n: t.to(self.device, self.dtype) if t.is_floating_point() else t for n, t in tensors.items()}
 
     def new_cache(
         self, batch: int, capacity: int, num_layers: int | None = None, cache_class: type = KVCache
@@ -173,15 +224,18 @@ class Target:
         """A cache shaped for this target (`cache_class`: KVCache, or StaticKVCache for the graphed path)."""
         cfg = self.config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return cache_class(
+        cache = cache_class(
             num_layers or self.num_layers,
             batch,
-            cfg.num_key_value_heads,
+            cfg.num_key_value_heads // self.tp_size,  # tensor parallel: this rank's heads only
             head_dim,
             capacity,
             self.dtype,
             self.device,
         )
+        if self.driver is not None:  # the TP group's other ranks make the same cache (placement.follow)
+            self.driver.send("new_cache", id(cache), 0, (batch, capacity, num_layers, cache_class), {})
+        return cache
 
     # ---- the forward -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -195,6 +249,10 @@ class Target:
         num_layers: int | None = None,
         capture_layers: tuple[int, ...] = (),
     ) -> TargetOutput:
+        if self.driver is not None:  # the TP group's other ranks run this forward with us
+            options = dict(position_ids=position_ids, token_valid=token_valid, tree_mask=tree_mask)
+            options.update(num_layers=num_layers, capture_layers=capture_layers)
+            self.driver.send("forward", id(cache), cache.length, (input_ids,), options)
         batch, new = input_ids.shape
         num_layers = num_layers or self.num_layers
         if any(not 0 <= i < num_layers for i in capture_layers):

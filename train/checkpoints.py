@@ -145,8 +145,8 @@ def check_resume(state: dict, world_size: int, data_hash: str, cfg) -> None:
 
 
 def cfg_fingerprint(cfg) -> str:
-    """Hash of what shapes the head and the loss (not step counts, logging or paths)."""
-    loop = {
-        k: v for k, v in asdict(cfg.train).items() if k not in ("max_steps",) and not k.startswith("allow")
-    }
+    """Hash of what shapes the head and the loss (not step counts, logging, paths or memory knobs)."""
+    ignored = ("max_steps", "ttt_attention", "logit_chunk", "activation_checkpointing")  # same loss
+    ignored += ("loader_workers", "loader_prefetch", "process_group_timeout_s")  # same batches
+    loop = {k: v for k, v in asdict(cfg.train).items() if k not in ignored and not k.startswith("allow")}
     return content_hash({"head": asdict(cfg.head), "loop": loop, "target": cfg.target})

@@ -74,10 +74,29 @@ class LoopConfig:
     max_grad_norm: float = 0.5
     ttt_steps: int = 7  # training-time-test unroll depth K
     step_decay: float = 0.8  # loss weight decay**k of step k
+    # The TTT step's memory (train/eagle3_objective.py); none of these changes the loss beyond rounding.
+    # decomposed: causal attention over the step-0 keys + k diagonal keys, merged by log-sum-exp; dense:
+    # the reference, one SDPA over (k+1)T keys with a [T, (k+1)T] mask.
+    ttt_attention: Literal["decomposed", "dense"] = "decomposed"
+    logit_chunk: int = 1024  # rows per chunk of the target's logits and of the soft cross-entropy
+    activation_checkpointing: bool = False  # recompute the head's layers in backward, per TTT step
     seed: int = 0  # head init and data order
+    # Length bucketing: 0 = off; N = sort each window of N micro-batches' rows by length (less padding,
+    # every row still once per epoch, exact resume). Data loading: DataLoader workers read (and, offline,
+    # collate) micro-batches ahead of the step, in order; 0 = in the training process.
+    bucket_batches: int = 0
+    loader_workers: int = 0
+    loader_prefetch: int = 2  # micro-batches each worker reads ahead
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     allow_world_size_change: bool = False  # resume a checkpoint written by another number of processes
     allow_data_change: bool = False  # resume a checkpoint written for other data
+    # The memory preflight (train/preflight.py), before the target loads: "check" refuses a run whose
+    # estimated bytes per rank exceed the device's memory (exit 2), "warn" logs and goes on, "off" skips.
+    preflight: Literal["check", "warn", "off"] = "check"
+    preflight_device_gb: float | None = None  # memory per rank; None = the GPU's free memory (CPU: RAM)
+    # seconds any collective waits (NCCL and gloo alike; NCCL's default is 600), the barriers where ranks
+    # wait for the data steps included: a wait that runs out ends the run naming the data commands
+    process_group_timeout_s: int = 1800
 
 
 @dataclass
@@ -107,6 +126,11 @@ class TrainConfig:
     output_dir: str = "runs/eagle3"
     device: str = "auto"
     dtype: str = "auto"  # the target's compute dtype
+    # The frozen target across processes (runtime/placement.py): replicate = whole on every rank; tp = each
+    # decoder layer split over the tp_size ranks of a group (None: all of them), the head data-parallel
+    # over the world / tp_size groups. Online training and the capture inside the job (offline reads parts).
+    target_placement: Literal["replicate", "tp"] = "replicate"
+    tp_size: int | None = None
     head: HeadConfig = field(default_factory=HeadConfig)
     cotrain: CotrainConfig = field(default_factory=CotrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -122,6 +146,7 @@ class TrainConfig:
             "train.batch_size": t.batch_size,
             "train.grad_accum": t.grad_accum,
             "train.ttt_steps": t.ttt_steps,
+            "train.logit_chunk": t.logit_chunk,
             "head.draft_vocab_size": self.head.draft_vocab_size,
             "head.num_layers": self.head.num_layers,
             "data.max_length": self.data.max_length,
@@ -151,13 +176,42 @@ class TrainConfig:
             raise BadInputError("train.step_decay", t.step_decay, "a number in (0, 1]")
         if t.weight_decay < 0:
             raise BadInputError("train.weight_decay", t.weight_decay, "a number >= 0")
+        if t.preflight_device_gb is not None and not t.preflight_device_gb > 0:
+            raise BadInputError("train.preflight_device_gb", t.preflight_device_gb, "a number of GB > 0")
+        if t.activation_checkpointing and t.ttt_attention == "dense":
+            raise BadInputError(
+                "train.activation_checkpointing", True, "false with train.ttt_attention=dense (decomposed)"
+            )
+        if t.process_group_timeout_s < 1:
+            raise BadInputError("train.process_group_timeout_s", t.process_group_timeout_s, "seconds >= 1")
+        loading = {"train.bucket_batches": t.bucket_batches, "train.loader_workers": t.loader_workers}
+        for key, value in loading.items():
+            if value < 0:
+                raise BadInputError(key, value, "an integer >= 0 (0 = off)")
+        if t.loader_prefetch < 1:
+            raise BadInputError("train.loader_prefetch", t.loader_prefetch, "an integer >= 1")
         self._validate_mtp()
+        self._validate_placement()
         if not 0 <= self.data.validation_fraction < 1:
             raise BadInputError(
                 "data.validation_fraction", self.data.validation_fraction, "a number in [0, 1)"
             )
         check_output_dir("output_dir", self.output_dir)  # a file there fails now, not after the data steps
         return self
+
+    def _validate_placement(self) -> None:
+        """What the config alone decides; the target's heads and the world size are checked when the run
+        starts (runtime/placement.check_placement)."""
+        if self.tp_size is not None and self.tp_size < 1:
+            raise BadInputError("tp_size", self.tp_size, "an integer >= 1 (unset: the number of processes)")
+        if self.target_placement == "replicate" and self.tp_size not in (None, 1):
+            raise BadInputError("tp_size", self.tp_size, "unset with target_placement=replicate (or set tp)")
+        if self.target_placement == "tp" and self.cotrain.enabled:
+            raise BadInputError(
+                "target_placement",
+                "tp",
+                "replicate with cotrain.enabled (a co-trained target is trained whole)",
+            )
 
     def _validate_mtp(self) -> None:
         from draftsmith.runtime.mtp import MAX_MODULES

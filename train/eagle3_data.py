@@ -4,9 +4,10 @@
     batch = offline_batch(target, capture_folder_rows)   # rows of CaptureFolder (data capture output)
 
 Both build the same `TTTBatch` through the same code: features are the aux hidden states concatenated in
-aux-layer order, and the target's logits are recomputed from the last layer's pre-norm output
-(`target.logits(last_hidden)`), which is what capture stores. Rows are right-padded; `valid` marks real
-tokens. With float32 storage the two modes give identical tensors, hence identical losses.
+aux-layer order, and the last layer's pre-norm output (what capture stores) from which the objective
+computes the target's logits (`target.logits`), only at the positions a loss reads. Rows are
+right-padded; `valid` marks real tokens. With float32 storage the two modes give identical tensors,
+hence identical losses.
 """
 
 from __future__ import annotations
@@ -28,13 +29,10 @@ def pad_rows(rows: list[torch.Tensor], value=0) -> torch.Tensor:
 
 def _batch(target, ids, masks, aux, last) -> TTTBatch:
     valid = pad_rows([torch.ones(len(i), dtype=torch.bool) for i in ids], False)
-    last_hidden = pad_rows(last).to(target.device, target.dtype)
-    with torch.no_grad():
-        logits = target.logits(last_hidden)  # [B, T, V] the target's next-token logits, recomputed
     return TTTBatch(
         input_ids=pad_rows(ids).to(target.device),
         features=pad_rows(aux).to(target.device),
-        target_logits=logits,
+        target_hidden=pad_rows(last).to(target.device, target.dtype),  # [B, T, Ht]
         loss_mask=pad_rows(masks).to(target.device),
         valid=valid.to(target.device),
     )

@@ -35,18 +35,22 @@ def load_partial(module: nn.Module, state: dict, prefix: str) -> nn.Module:
 # ---- EAGLE-3 ------------------------------------------------------------------------------------------
 class TTTModel(nn.Module):
     """The head and its objective as one module, so DDP and DeepSpeed see one forward per micro-batch.
-    The target's embedding is used frozen and is deliberately not a submodule (never trained, sharded
-    or saved)."""
+    The target's embedding and logits (final norm + LM head) are used frozen and are deliberately not
+    submodules (never trained, sharded or saved). `options`: ttt_loss's keywords (logit_chunk,
+    attention, checkpoint_layers)."""
 
-    def __init__(self, head: nn.Module, embed, steps: int, decay: float):
+    def __init__(self, head: nn.Module, embed, target_logits, steps: int, decay: float, **options):
         super().__init__()
-        self.head, self.steps, self.decay = head, steps, decay
-        self._embed = [embed]  # a list hides it from nn.Module registration
+        self.head, self.steps, self.decay, self.options = head, steps, decay, options
+        self._frozen = [embed, target_logits]  # a list hides them from nn.Module registration
 
-    def forward(self, input_ids, features, target_logits, loss_mask, valid):
+    def forward(self, input_ids, features, target_hidden, loss_mask, valid):
         """-> (weighted TTT loss, correct [K], counted [K])"""
-        batch = TTTBatch(input_ids, features, target_logits, loss_mask, valid)
-        out = ttt_loss(self.head, self._embed[0], batch, self.steps, self.decay)
+        embed, target_logits = self._frozen
+        batch = TTTBatch(input_ids, features, target_hidden, loss_mask, valid)
+        out = ttt_loss(
+            self.head, embed, batch, self.steps, self.decay, target_logits=target_logits, **self.options
+        )
         return out.loss, out.correct, out.counted
 
 
@@ -80,7 +84,7 @@ def make_batch(target, rows, aux_layers, device) -> dict:
     return {
         "input_ids": batch.input_ids.to(device),
         "features": batch.features.to(device, torch.float32),
-        "target_logits": batch.target_logits.to(device),
+        "target_hidden": batch.target_hidden.to(device),
         "loss_mask": batch.loss_mask.to(device),
         "valid": batch.valid.to(device),
     }
@@ -90,7 +94,11 @@ class Eagle3Kind:
     def __init__(self, cfg, target, aux_layers, paths):
         self.target, self.aux = target, aux_layers
         self.head = build_eagle3_head(cfg, target, aux_layers, paths.vocab)
-        self.model = TTTModel(self.head, target.embed, cfg.train.ttt_steps, cfg.train.step_decay)
+        t = cfg.train
+        self.model = TTTModel(
+            self.head, target.embed, target.logits, t.ttt_steps, t.step_decay, logit_chunk=t.logit_chunk,
+            attention=t.ttt_attention, checkpoint_layers=t.activation_checkpointing,
+        )  # fmt: skip
         self.depth = cfg.train.ttt_steps
 
     def batch(self, rows, device) -> dict:

@@ -3,7 +3,8 @@
     draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 output_dir=runs/smoke
     accelerate launch --config_file configs/accelerate/ddp-cpu.yaml -m draftsmith.train --config ...
 
-A run: load the target (frozen, or made trainable for MTP co-training), run the data steps it needs
+A run: load the target (frozen, or made trainable for MTP co-training; in offline mode only its
+embedding, final norm and LM head, `runtime/target_parts.py`), run the data steps it needs
 (cached), build the head and its objective (`heads.HEAD_KINDS[head.type]`: EAGLE-3 or MTP), then AdamW
 with linear warmup and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row
 goes to metrics.jsonl (and the tracker), every `eval.every` steps the validation split is scored (loss,
@@ -38,6 +39,7 @@ from draftsmith.train.checkpoints import (
 from draftsmith.train.data_steps import SampleOrder, TrainRows, ensure_data
 from draftsmith.train.eagle3_objective import simulated_tau
 from draftsmith.train.heads import HEAD_KINDS
+from draftsmith.train.loader import micro_batches
 from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_kwargs, tracker_setup
 
 log = logging.getLogger("draftsmith")
@@ -64,7 +66,8 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
 
 def build_accelerator(cfg, log_with):
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
+
+    from draftsmith.train.process_group import process_group_kwargs
 
     handlers, kwargs = [], {}
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
@@ -72,8 +75,10 @@ def build_accelerator(cfg, log_with):
     if distributed and not torch.cuda.is_available():
         # Without a GPU, Accelerate's PartialState picks no backend and falls back to one process;
         # DDP also needs cpu=True, or each process trains alone.
-        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+        handlers.append(process_group_kwargs(cfg, backend="gloo"))
         kwargs["cpu"] = not deepspeed
+    elif distributed:  # the timeout on GPUs too (NCCL's default, 10 minutes, an offline capture outlasts)
+        handlers.append(process_group_kwargs(cfg))
     if not distributed:  # Accelerate's state is a process-wide singleton: a second run in one process
         from accelerate.state import AcceleratorState  # (the demo, tests) may use other settings
 
@@ -163,10 +168,52 @@ def all_finite(accelerator, value: torch.Tensor) -> bool:
     return bool(accelerator.gather(flag).min() > 0)
 
 
+def load_target(cfg, acc, whole: bool = False):
+    """The frozen target: offline (data.mode), only the parts the batches read (runtime/target_parts.py),
+    unless `whole`; online, every layer (target_placement=tp: this rank's tensor-parallel shard of each,
+    runtime/placement.py). Errors name the config key `target`."""
+    from draftsmith.runtime.placement import resident_bytes
+    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.target_parts import TargetParts
+
+    with no_zero3_init(acc), renamed_fields({"--target": "target"}):
+        if cfg.data.mode == "offline" and not whole:
+            parts = TargetParts.load(cfg.target, device=str(acc.device), dtype=cfg.dtype)
+            log.info("offline: %s", parts.description())
+            return parts
+        layout = target_layout(cfg, acc)
+        target = Target.load(cfg.target, device=str(acc.device), dtype=cfg.dtype, layout=layout)
+    if target.tp_size > 1:
+        log.info(
+            "target: tensor parallel over %d ranks x %d data-parallel group(s), %.1f MB of weights per rank",
+            layout.tp,
+            layout.dp,
+            resident_bytes(target.model) / 2**20,
+        )
+    return target
+
+
+def target_layout(cfg, acc):
+    """This rank's place on the (dp, tp) mesh of `target_placement` (runtime/placement.py), checked
+    against the target's config before anything loads (exit 2 naming target_placement or tp_size)."""
+    from draftsmith.runtime.placement import Layout, check_placement
+
+    world, rank = acc.num_processes, acc.process_index
+    if cfg.target_placement == "replicate":
+        return Layout(1, world, rank)
+    from transformers import AutoConfig
+
+    from draftsmith.runtime.targets import resolve_target
+
+    with renamed_fields({"--target": "target"}):
+        config = AutoConfig.from_pretrained(resolve_target(cfg.target).path)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    return check_placement(config, cfg.target_placement, cfg.tp_size, world, rank, local)
+
+
 class Trainer:
     def __init__(self, cfg):
         from draftsmith.runtime.aux_layers import resolve_aux_layers
-        from draftsmith.runtime.target import Target
 
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
@@ -191,9 +238,14 @@ class Trainer:
             from draftsmith.train.cotrain import check_strategy
 
             check_strategy(acc)
-        # the frozen target is never partitioned: every rank needs all of it; its errors name `target`
-        with no_zero3_init(acc), renamed_fields({"--target": "target"}):
-            self.target = Target.load(cfg.target, device=str(acc.device), dtype=cfg.dtype)
+        self.layout = target_layout(cfg, acc)  # tp: ranks of a group share rows; the head is DP over groups
+        if cfg.train.preflight != "off":  # bytes per rank from the target's config, before anything loads
+            from draftsmith.train.preflight_report import check_before_load
+
+            with no_zero3_init(acc):  # its meta-device models must not go through ZeRO-3's zero.Init
+                check_before_load(cfg, acc)
+        # replicate: every rank holds the whole frozen target (offline: all its parts); tp: its shard
+        self.target = load_target(cfg, acc)
         self.target.model.requires_grad_(False)
         try:  # the data steps name their CLI flags; here the config keys are what the user wrote
             self.aux = resolve_aux_layers(cfg.head.aux_layers, self.target.num_layers)
@@ -205,13 +257,19 @@ class Trainer:
                 cfg.head.draft_vocab_size,
                 f"an integer in [1, {self.target.vocab_size}] (the target's vocabulary)",
             )
-        with acc.main_process_first():
-            self.paths = ensure_data(cfg, self.target, self.aux, progress=acc.is_main_process)
+        self.paths = self.data_steps()  # rank 0 first; offline capture in one part per rank (data_steps)
         self.train_rows = TrainRows(self.paths, "train")
         self.val_rows = TrainRows(self.paths, "validation")
         t = cfg.train
         self.order = SampleOrder(
-            len(self.train_rows), t.seed, t.batch_size, t.grad_accum, acc.num_processes, acc.process_index
+            len(self.train_rows),
+            t.seed,
+            t.batch_size,
+            t.grad_accum,
+            self.layout.dp,  # the ranks of a TP group read the same rows (their target runs together)
+            self.layout.dp_rank,
+            lengths=self.train_rows.lengths,
+            bucket_batches=t.bucket_batches,
         )
         self.kind = HEAD_KINDS[cfg.head.type](cfg, self.target, self.aux, self.paths)
         self.head, model = self.kind.head, self.kind.model
@@ -239,6 +297,23 @@ class Trainer:
                 cfg.log.project, config=_flat(asdict(cfg)), init_kwargs=tracker_kwargs(log_with, self.out)
             )
 
+    def data_steps(self):
+        """ensure_data; offline with a capture still to make (data_steps raises PartsOnlyError on every
+        rank alike), the whole target is loaded for the capture alone and dropped after it."""
+        from draftsmith.runtime.target_parts import PartsOnlyError
+
+        cfg, acc = self.cfg, self.acc
+        try:
+            return ensure_data(cfg, self.target, self.aux, progress=acc.is_main_process, acc=acc)
+        except PartsOnlyError:  # capture runs every layer; training then reads its shards and the parts
+            log.info("offline: the capture needs the whole target: loading it for the capture only")
+            whole = load_target(cfg, acc, whole=True)
+            paths = ensure_data(cfg, whole, self.aux, progress=acc.is_main_process, acc=acc)
+            del whole
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return paths
+
     # ---- resume ---------------------------------------------------------------------------------------
     def resume(self) -> int:
         found = newest_intact(self.out) if self.cfg.checkpoint.resume == "auto" else None
@@ -246,6 +321,12 @@ class Trainer:
             return 0
         state = read_state(found)
         check_resume(state, self.acc.num_processes, self.paths.data_hash, self.cfg)
+        if state.get("tp_size", 1) != self.layout.tp and not self.cfg.train.allow_world_size_change:
+            raise BadInputError(
+                "resume",
+                f"a checkpoint written with tp_size {state.get('tp_size', 1)}",
+                f"tp_size {self.layout.tp} (or train.allow_world_size_change=true: the data order changes)",
+            )
         self.acc.load_state(str(found))
         self.original_val_loss = state.get("original_target_val_loss")
         log.info("resumed from %s (step %d)", found, state["step"])
@@ -255,6 +336,7 @@ class Trainer:
         return {
             "step": self.step,
             "world_size": self.acc.num_processes,
+            "tp_size": self.layout.tp,
             "data_hash": self.paths.data_hash,
             "config_hash": cfg_fingerprint(self.cfg),
             "lr": self.scheduler.get_last_lr()[0],
@@ -262,12 +344,23 @@ class Trainer:
         }
 
     # ---- one optimizer step ----------------------------------------------------------------------------
+    def micro_batches(self):
+        """The rows of the coming micro-batches, read ahead (train/loader.py); opened at the first step
+        after a start or resume."""
+        if getattr(self, "_micro_batches", None) is None:
+            t = self.cfg.train
+            self._micro_batches = micro_batches(
+                self.train_rows, self.order, self.step, t.max_steps, t.grad_accum, t.loader_workers,
+                t.loader_prefetch,
+            )  # fmt: skip
+        return self._micro_batches
+
     def train_step(self) -> dict:
         acc, cfg = self.acc, self.cfg
         totals = {"loss": 0.0, "correct": 0, "counted": 0, "tokens": 0}
         for micro in range(cfg.train.grad_accum):
-            rows_at = self.order.rows(self.step, micro)
-            rows = [self.train_rows[k] for k in rows_at]
+            step, at, rows_at, rows = next(self.micro_batches())
+            assert (step, at) == (self.step, micro), "the loader left the sample order"
             inputs = self.kind.batch(rows, acc.device)
             with acc.accumulate(self.model):
                 loss, correct, counted = self.model(**inputs)
@@ -303,7 +396,7 @@ class Trainer:
         """This process's share of the first `eval.max_rows` validation rows, as model inputs."""
         acc, cfg = self.acc, self.cfg
         n = min(cfg.eval.max_rows, len(self.val_rows))
-        mine = list(range(acc.process_index, n, acc.num_processes))
+        mine = list(range(self.layout.dp_rank, n, self.layout.dp))  # a TP group scores its share together
         for i in range(0, len(mine), cfg.train.batch_size):
             yield self.kind.batch([self.val_rows[k] for k in mine[i : i + cfg.train.batch_size]], acc.device)
 
@@ -327,7 +420,7 @@ class Trainer:
             "loss": float(sums[0] / sums[1].clamp(min=1)),
             "accuracy_per_step": [round(a, 4) for a in accuracy],
             "simulated_tau": round(simulated_tau(accuracy), 4),
-            "rows": int(sums[1]),
+            "rows": int(sums[1]) // self.layout.tp,  # each TP group's ranks all scored its rows
         }
         if cfg.cotrain.enabled:  # the drift report: is the co-trained target still as good?
             row.update(self.target_drift())
@@ -408,6 +501,7 @@ class Trainer:
         counted = self.acc.reduce(totals["counted"].detach().clone(), reduction="sum")
         correct = self.acc.reduce(totals["correct"].detach().clone(), reduction="sum")
         tokens = self.acc.reduce(torch.tensor(float(window["tokens"]), device=self.acc.device), "sum")
+        tokens = tokens / self.layout.tp  # the ranks of a TP group trained on the same tokens
         elapsed = time.perf_counter() - window["start"]
         window.update(tokens=0, start=time.perf_counter())
         accuracy = (correct / counted.clamp(min=1)).tolist()

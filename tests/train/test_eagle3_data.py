@@ -41,11 +41,11 @@ def test_online_and_offline_losses_are_identical(tiny_target, tmp_path):
     online = online_batch(
         tiny_target, [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in rows], layers
     )
-    for name in ("input_ids", "features", "target_logits", "loss_mask", "valid"):
+    for name in ("input_ids", "features", "target_hidden", "loss_mask", "valid"):
         assert torch.equal(getattr(online, name), getattr(offline, name)), name
     a, b = (
-        ttt_loss(head, tiny_target.embed, online, steps=3),
-        ttt_loss(head, tiny_target.embed, offline, steps=3),
+        ttt_loss(head, tiny_target.embed, online, steps=3, target_logits=tiny_target.logits),
+        ttt_loss(head, tiny_target.embed, offline, steps=3, target_logits=tiny_target.logits),
     )
     assert torch.equal(a.loss, b.loss) and torch.equal(a.step_losses, b.step_losses)
     assert int(a.counted[0]) > 0

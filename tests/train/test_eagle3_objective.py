@@ -37,11 +37,9 @@ def make_batch(target, length=12, batch=2, seed=0):
     ids = torch.randint(6, 100, (batch, length), generator=g)
     out = target.forward(ids, target.new_cache(batch, length), capture_layers=(0, 1, 2))
     features = torch.cat([out.aux[i] for i in (0, 1, 2)], dim=-1)
-    with torch.no_grad():
-        logits = target.logits(out.hidden)
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[:, :3] = 0  # a prompt
-    return TTTBatch(ids, features.clone(), logits, mask)
+    return TTTBatch(ids, features.clone(), out.hidden.clone(), mask)
 
 
 @torch.no_grad()
@@ -82,8 +80,8 @@ def test_loss_counts_supervised_in_vocab_positions_and_trains_the_head_only(targ
     head = make_head(target, draft_vocab=64)
     head.set_draft_vocab(torch.arange(0, 128, 2))
     batch = make_batch(target)
-    out = ttt_loss(head, target.embed, batch, steps=STEPS)
-    _, in_vocab = draft_targets(head, batch.target_logits)
+    out = ttt_loss(head, target.embed, batch, steps=STEPS, target_logits=target.logits)
+    _, in_vocab = draft_targets(head, target.logits(batch.target_hidden))
     for k in range(STEPS):
         expected = (batch.loss_mask[:, k + 2 :] > 0) & in_vocab[:, k + 1 : -1]
         assert int(out.counted[k]) == int(expected.sum())
@@ -98,7 +96,7 @@ def test_a_few_steps_lower_the_loss(target):
     opt = torch.optim.AdamW(head.parameters(), lr=3e-3)
     first = None
     for _ in range(30):
-        out = ttt_loss(head, target.embed, batch, steps=STEPS)
+        out = ttt_loss(head, target.embed, batch, steps=STEPS, target_logits=target.logits)
         first = first if first is not None else out.loss.item()
         opt.zero_grad()
         out.loss.backward()

@@ -1,0 +1,232 @@
+"""The parts of a target that offline training reads, loaded without its decoder layers.
+
+    parts = TargetParts.load("path/to/Llama-3.3-70B", device="cuda:0")   # embed_tokens, norm, lm_head
+    logits = parts.logits(last_hidden)             # [B, T, V] float32, as Target.logits computes it
+    parts.weights_hash()                           # artifacts.weights_hash of the whole target
+    parts.layer_state(parts.num_layers - 1)        # one decoder layer's tensors (MTP init), not kept
+
+Offline batches (`data capture` shards) need only the embedding, the final norm and the LM head (the
+embedding itself when `tie_word_embeddings`), the config and the tokenizer: for Llama-3.3-70B in bf16
+about 4.2 GB of 141 GB. They are read through the safetensors index (`model.safetensors.index.json`'s
+weight_map, or one `model.safetensors`), opening only the files that hold them, into the module classes
+transformers builds for them (nn.Embedding, the family's RMSNorm, nn.Linear) under the checkpoint's
+names (`model.embed_tokens.weight`, `model.norm.weight`, `lm_head.weight`), cast as `Target.load`
+casts, so every number equals the whole target's. `weights_hash` and `layer_state` read their tensors
+when called and keep none. What needs the decoder layers (`forward`, `new_cache`: a capture) raises
+`PartsOnlyError` (the trainer then loads the whole target for the capture alone).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from draftsmith.runtime.artifacts import open_tensors, weights_hash_names, weights_hash_of_tensors
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.mtp import FAMILIES  # transformers' class-name prefix of each family
+from draftsmith.runtime.target import TargetPieces, pick_device, pick_dtype
+from draftsmith.runtime.targets import SUPPORTED_MODEL_TYPES, resolve_target
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE, SINGLE_FILE = "model.safetensors.index.json", "model.safetensors"
+EMBED, NORM, LM_HEAD = "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
+
+
+class PartsOnlyError(DraftsmithError):
+    """A call that needs the target's decoder layers, on a TargetParts (which holds none of them)."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where each tensor of a safetensors checkpoint lives: {HF tensor name: file name in `folder`}."""
+
+    folder: Path
+    weight_map: dict[str, str]
+    source: str  # the file that told us (the index, or the single weights file)
+
+    @classmethod
+    def open(cls, folder: Path) -> Checkpoint:
+        index = folder / INDEX_FILE
+        if index.is_file():
+            weight_map = read_json(index, "--target").get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise BadInputError("--target", str(index), "a safetensors index with a weight_map")
+            absent = sorted({f for f in weight_map.values() if not (folder / f).is_file()})
+            if absent:  # the whole target would not load either: refuse before reading anything
+                raise BadInputError(
+                    "--target",
+                    f"{folder} without {', '.join(absent[:3])}",
+                    f"every file {INDEX_FILE} names",
+                    "the download or copy is incomplete",
+                )
+            return cls(folder, weight_map, INDEX_FILE)
+        if (folder / SINGLE_FILE).is_file():
+            with open_tensors(folder / SINGLE_FILE, "--target") as f:
+                return cls(folder, dict.fromkeys(f.keys(), SINGLE_FILE), SINGLE_FILE)
+        raise BadInputError("--target", str(folder), f"safetensors weights: {SINGLE_FILE} or {INDEX_FILE}")
+
+    @property
+    def files(self) -> list[str]:
+        return sorted(set(self.weight_map.values()))
+
+    def total_bytes(self) -> int:
+        return sum((self.folder / f).stat().st_size for f in self.files)
+
+    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """These tensors as stored (on the CPU), opening only the files that hold them."""
+        for name in names:
+            if name not in self.weight_map:
+                raise BadInputError(
+                    "--target", f"{self.folder / self.source} without tensor {name}", f"a {name} entry"
+                )
+        out = {}
+        for file in sorted({self.weight_map[n] for n in names}):
+            with open_tensors(self.folder / file, "--target") as f:
+                held = set(f.keys())
+                for name in (n for n in names if self.weight_map[n] == file):
+                    if name not in held:
+                        raise BadInputError(
+                            "--target",
+                            f"{self.folder / file} without tensor {name}",
+                            f"the tensors {self.source} places in {file}",
+                        )
+                    out[name] = f.get_tensor(name)
+        return out
+
+
+def part_names(config) -> list[str]:
+    """The checkpoint tensors offline training reads: embedding, final norm, LM head unless tied."""
+    return [EMBED, NORM] if getattr(config, "tie_word_embeddings", False) else [EMBED, NORM, LM_HEAD]
+
+
+def frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+def parts_module(config, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """An nn.Module holding only the parts, at transformers' paths (`model.embed_tokens`, `model.norm`,
+    `lm_head`), built from the classes transformers builds them from."""
+    model_type = config.model_type
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    root, decoder = nn.Module(), nn.Module()
+    root.model = decoder  # first, as in transformers: a tied weight is named model.embed_tokens.weight
+    decoder.embed_tokens = nn.Embedding.from_pretrained(tensors[EMBED], freeze=True)
+    decoder.norm = getattr(modeling, f"{FAMILIES[model_type]}RMSNorm")(
+        config.hidden_size, config.rms_norm_eps
+    )
+    decoder.norm.weight = frozen(tensors[NORM])
+    with torch.device("meta"):  # no random init of a [V, H] matrix only to replace it
+        root.lm_head = nn.Linear(config.hidden_size, tensors[EMBED].shape[0], bias=False)
+    root.lm_head.weight = decoder.embed_tokens.weight if LM_HEAD not in tensors else frozen(tensors[LM_HEAD])
+    return root.eval()
+
+
+def gigabytes(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e7 else f"{n / 1e6:.2f} MB"
+
+
+class TargetParts(TargetPieces):
+    """What offline training calls on a target (runtime/target.py's names), from its parts alone."""
+
+    def __init__(
+        self,
+        config,
+        tokenizer,
+        name: str,
+        checkpoint: Checkpoint,
+        tensors: dict[str, torch.Tensor],  # HF name -> the part, in the target's dtype and device
+        read_bytes: int = 0,  # what reading them took from disk (for the log)
+    ):
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise BadInputError(
+                "target model_type", config.model_type, f"one of {list(SUPPORTED_MODEL_TYPES)}"
+            )
+        self.config, self.tokenizer, self.name = config, tokenizer, name
+        self.checkpoint = checkpoint
+        self.path = str(checkpoint.folder)
+        self.model = parts_module(config, tensors)
+        self.decoder = self.model.model  # embed_tokens, norm (no layers, no rotary_emb)
+        self.read_files = sorted({checkpoint.weight_map[n] for n in tensors})
+        self.read_bytes = read_bytes
+        self._weights_hash: str | None = None
+
+    @classmethod
+    def load(cls, spec: str = "smollm2-135m", device: str = "auto", dtype: str = "auto") -> TargetParts:
+        from transformers import AutoConfig, AutoTokenizer
+
+        resolved = resolve_target(spec)  # a GGUF is converted once to a safetensors folder: read that
+        dev = pick_device(device)
+        torch_dtype = pick_dtype(dtype, dev)
+        config = AutoConfig.from_pretrained(resolved.path)
+        checkpoint = Checkpoint.open(resolved.path)
+        stored = checkpoint.read(part_names(config))
+        tensors = {n: t.to(dev, torch_dtype) for n, t in stored.items()}  # Target.load's cast
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        read = sum(t.numel() * t.element_size() for t in stored.values())
+        return cls(config, tokenizer, resolved.name, checkpoint, tensors, read)
+
+    def description(self) -> str:
+        """Which parts were read and how much of the checkpoint that is (for the log)."""
+        names = [n.split(".")[-2] for n in part_names(self.config)]
+        tied = "" if LM_HEAD in part_names(self.config) else "; lm_head tied to embed_tokens"
+        c = self.checkpoint
+        return (
+            f"loaded {len(names)} of {len(c.weight_map)} target tensors ({', '.join(names)}{tied}) from "
+            f"{len(self.read_files)} of {len(c.files)} file(s), {gigabytes(self.read_bytes)} of "
+            f"{gigabytes(c.total_bytes())}"
+        )
+
+    # ---- read when asked, never kept ------------------------------------------------------------------
+    def _read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Tensors as the whole target holds them: floats cast to its dtype, on its device."""
+        tensors = self.checkpoint.read(names)
+        log.info(
+            "target parts: read %d more tensor(s) (%s), not kept",
+            len(tensors),
+            gigabytes(sum(t.numel() * t.element_size() for t in tensors.values())),
+        )
+        return {n: t.to(self.device, self.dtype) if t.is_floating_point() else t for n, t in tensors.items()}
+
+    def weights_hash(self) -> str:
+        """artifacts.weights_hash of the whole target, from the tensors it hashes (read once, in the
+        target's dtype, so it equals the loaded target's in every dtype)."""
+        if self._weights_hash is None:
+            tensors = self._read(weights_hash_names(self.num_layers))
+            self._weights_hash = weights_hash_of_tensors(tensors, self.num_layers)
+        return self._weights_hash
+
+    def layer_state(self, index: int) -> dict[str, torch.Tensor]:
+        """Decoder layer `index`'s tensors under the layer's own names (`self_attn.q_proj.weight`, ...):
+        what `Target.layer_state` returns (MTP blocks start as a copy of the last layer)."""
+        prefix = f"model.layers.{index % self.num_layers}."
+        # old checkpoints also store each layer's rotary inv_freq, which transformers drops on load
+        names = [n for n in self.checkpoint.weight_map if n.startswith(prefix) and "rotary_emb" not in n]
+        if not names:
+            raise BadInputError(
+                "--target",
+                f"{self.checkpoint.folder / self.checkpoint.source} without {prefix}*",
+                "its tensors",
+            )
+        return {n.removeprefix(prefix): t for n, t in self._read(names).items()}
+
+    # ---- what needs the decoder layers -----------------------------------------------------------------
+    def _refuse(self, what: str):
+        raise PartsOnlyError(
+            f"{what} runs the target's decoder layers, and only its embedding, final norm and LM head are"
+            f" loaded ({self.name}, offline training): load the whole target (Target.load)"
+        )
+
+    def new_cache(self, *args, **kwargs):
+        self._refuse("a KV cache")
+
+    def forward(self, *args, **kwargs):
+        self._refuse("a forward")
+
+    def run_layers(self, *args, **kwargs):
+        self._refuse("a forward")

@@ -1,0 +1,462 @@
+"""The memory preflight: bytes per rank a training run will need, estimated from the target's config.json.
+
+    shapes = TargetShapes.load("meta-llama/Llama-3.3-70B-Instruct", torch.bfloat16)  # preflight_shapes.py
+    knobs = Knobs.from_config(cfg, shapes)                          # B, T, K, head, mode, ... of a config
+    est = estimate(shapes, knobs, Setup("zero2", world_size=8))    # per rank: est.peak, est.terms
+
+Nothing loads: the target and the head are built on the meta device (`torch.device("meta")`) from the
+config alone, so parameter bytes are exact per dtype. The rest counts, tensor by tensor and per token,
+what the trainer's code keeps (train/eagle3_data.py, train/eagle3_objective.py, train/ttt_attention.py,
+train/heads.py, train/mtp_objective.py):
+
+- resident: the target's weights (whole on every rank; offline only its embedding, final norm and LM
+  head), the trainable parameters, their gradients and AdamW's two moments (+ DeepSpeed's fp32 master
+  copy), each divided as the strategy shards it;
+- batch building, one part after another: online EAGLE-3 runs the frozen target row by row under
+  no_grad (a KV cache, one layer's working set, the rows' aux states); the padded states; the target's
+  draft-vocabulary distributions, built `train.logit_chunk` rows of [., V] logits at a time;
+- the step: its inputs, what autograd keeps per TTT step or MTP module (norms, the projections' inputs,
+  the MLP's [I] tensors), the attention's tensors (decomposed: causal kernel + diagonal keys; dense, the
+  reference: SDPA over (k+1)T keys with a mask, on GPUs the math kernel and its fp32 scores), what the
+  chunked cross-entropy reads (MTP: [N, V] log-softmax and probabilities), and a working set (a chunk
+  recomputed in backward, backward's first gradients, a step recomputed under activation checkpointing).
+
+Peak = resident + the larger of batch building and the step. Positions count as supervised everywhere
+and rows at full length (the worst case). `Setup.tp` > 1 is `target_placement=tp` over that many ranks
+(runtime/placement.py: the layers split, the embedding, final norm and LM head whole on every rank); the
+report also tries it as a what-if to say what would fit. Activation dtypes follow the precision: "fp32"
+(CPU runs), "amp" (autocast over float32 parameters: DDP/FSDP on GPUs), "half" (DeepSpeed's bf16 module,
+no autocast). Sizes are estimates; GB are 1e9 bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.train.preflight_shapes import TargetShapes, head_parameters, lora_parameters
+
+# DeepSpeed's defaults (its zero_optimization docs): reduce_bucket_size and stage3_max_live_parameters.
+ZERO_BUCKET, ZERO3_LIVE = 5e8, 1e9
+
+
+# ---- what is estimated ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Knobs:
+    """The training shape a config asks for (what the estimate reads of a TrainConfig)."""
+
+    head: str  # eagle3 | mtp
+    mode: str  # online | offline
+    batch: int  # B: rows per micro-batch per rank
+    length: int  # T: tokens per row (data.max_length: the padded worst case)
+    steps: int  # K: TTT steps (EAGLE-3) or modules (MTP)
+    draft_vocab: int
+    aux_layers: tuple[int, ...]
+    eagle3: dict = field(default_factory=dict)  # Eagle3Config options (fc_norm, num_layers, ...)
+    mtp: dict = field(default_factory=dict)  # MtpConfig options (feature, mask_first_position)
+    labels: str = "target"  # MTP: soft (target) or hard (data) labels
+    cotrain: str | None = None  # None, "lora" or "full"
+    lora_rank: int = 16
+    lora_modules: tuple[str, ...] = ()
+    freeze_embeddings: bool = True
+    attention: str = "decomposed"  # the TTT step's attention (train.ttt_attention)
+    logit_chunk: int = 1024  # rows per chunk of target logits and soft cross-entropy (train.logit_chunk)
+    checkpointing: bool = False  # the head's layers recomputed in backward (train.activation_checkpointing)
+
+    @classmethod
+    def from_config(cls, cfg, shapes: TargetShapes) -> Knobs:
+        """The knobs of a TrainConfig, checked against the target as the trainer checks them."""
+        from draftsmith.runtime.aux_layers import resolve_aux_layers
+
+        h, c = cfg.head, cfg.cotrain
+        try:
+            aux = tuple(resolve_aux_layers(h.aux_layers, shapes.layers)) if h.type == "eagle3" else ()
+        except BadInputError as err:
+            raise BadInputError("head.aux_layers", err.got, err.expected) from None
+        if not 0 < h.draft_vocab_size <= shapes.vocab:
+            expected = f"an integer in [1, {shapes.vocab}] (the target's vocabulary)"
+            raise BadInputError("head.draft_vocab_size", h.draft_vocab_size, expected)
+        eagle3 = dict(
+            fc_norm=h.fc_norm,
+            norm_before_fc=h.norm_before_fc,
+            num_layers=h.num_layers,
+            norm_output=h.norm_output,
+        )
+        return cls(
+            head=h.type,
+            mode=cfg.data.mode,
+            batch=cfg.train.batch_size,
+            length=cfg.data.max_length,
+            steps=cfg.train.ttt_steps if h.type == "eagle3" else h.num_modules,
+            draft_vocab=h.draft_vocab_size,
+            aux_layers=aux,
+            eagle3=eagle3,
+            mtp=dict(feature=h.mtp_feature, mask_first_position=h.mtp_mask_first_position),
+            labels=h.labels,
+            cotrain=c.method if c.enabled else None,
+            lora_rank=c.lora_rank,
+            lora_modules=tuple(m.strip() for m in c.lora_target_modules.split(",") if m.strip()),
+            freeze_embeddings=c.freeze_embeddings,
+            attention=cfg.train.ttt_attention,
+            logit_chunk=cfg.train.logit_chunk,
+            checkpointing=cfg.train.activation_checkpointing,
+        )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Where it runs: the head's strategy over `world_size` ranks, the device kind and the precision."""
+
+    strategy: str = "single"  # single, ddp, fsdp (FSDP2 full shard), zero1, zero2, zero3
+    world_size: int = 1
+    device: str = "cuda"  # cuda | cpu
+    precision: str = "bf16"  # no (fp32) | bf16 | fp16
+    tp: int = 1  # target_placement=tp: the decoder layers split over this many ranks (1 = replicate)
+
+    @property
+    def mode(self) -> str:
+        if self.precision == "no":
+            return "fp32"
+        return "half" if self.strategy.startswith("zero") else "amp"
+
+
+@dataclass
+class Term:
+    name: str
+    bytes: float  # per rank
+    how: str  # the formula, in words
+    phase: str  # resident | batch | step
+
+
+@dataclass
+class Estimate:
+    shapes: TargetShapes
+    knobs: Knobs
+    setup: Setup
+    terms: list[Term]
+    head_params: int
+
+    def phase(self, name: str) -> float:
+        """Resident and step terms coexist (a sum); batch building's run one after another (the max)."""
+        values = [t.bytes for t in self.terms if t.phase == name]
+        return (max(values, default=0.0)) if name == "batch" else sum(values)
+
+    @property
+    def peak(self) -> float:
+        return self.phase("resident") + max(self.phase("batch"), self.phase("step"))
+
+    def largest(self, n: int = 3) -> list[Term]:
+        """The biggest terms of the peak: resident ones, and the larger phase's (batch: its largest)."""
+        batch = [t for t in self.terms if t.phase == "batch"]
+        if self.phase("batch") > self.phase("step"):
+            peak = [max(batch, key=lambda t: t.bytes)]
+        else:
+            peak = [t for t in self.terms if t.phase == "step"]
+        terms = [t for t in self.terms if t.phase == "resident"] + peak
+        return sorted(terms, key=lambda t: -t.bytes)[:n]
+
+
+def count(n: float) -> str:
+    """A parameter count: 70.55B, 1208.0M, 0.06M."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+# ---- bytes per token saved for backward -----------------------------------------------------------------
+def act_bytes(mode: str) -> int:
+    return 4 if mode == "fp32" else 2
+
+
+def norm_saved(mode: str, width: int, grad_in: bool) -> int:
+    """transformers' RMSNorm over `width`: fp32 keeps its input (pow, mul; when it needs a gradient) and
+    x * rsqrt (for the weight); half/amp keep an fp32 copy of the input and a half copy of x * rsqrt."""
+    if mode == "fp32":
+        return 4 * width * (2 if grad_in else 1)
+    return (4 * width if grad_in else 0) + 2 * width
+
+
+def linear_inputs(mode: str, width: int, consumers: int) -> int:
+    """What `consumers` Linears reading one fp32 `width`-wide tensor keep: the tensor (fp32, half) or,
+    under autocast, one half copy each (autocast caches the casts of parameters only)."""
+    return {"fp32": 4 * width, "amp": 2 * width * consumers, "half": 2 * width}[mode]
+
+
+def layer_saved(s: TargetShapes, mode: str, count_input: bool, qk_norm: bool = False) -> int:
+    """A pre-norm decoder layer without its attention kernel: input norm and q/k/v inputs (unless the
+    caller counts them), q/k norms (Qwen3's blocks; EAGLE-3's layers have none), o_proj's input, the
+    post-attention norm, gate/up inputs and the gated MLP's four [I] tensors."""
+    a, h = act_bytes(mode), s.hidden
+    total = norm_saved(mode, h, True) + linear_inputs(mode, h, 3) if count_input else 0
+    if qk_norm:
+        total += norm_saved(mode, s.q_width + s.kv_width, True)
+    total += a * s.q_width  # the attention output, transposed into o_proj: a copy
+    total += norm_saved(mode, h, True) + linear_inputs(mode, h, 2)
+    return total + 4 * a * s.intermediate  # gate, up, silu(gate), silu(gate) * up
+
+
+def kernel_saved(
+    kind: str, s: TargetShapes, mode: str, length: int, keys: int, mask_bytes: float = 0
+) -> float:
+    """What SDPA keeps per query token over `keys` keys per row. "flash" (a fused kernel, CPU or GPU):
+    q, k, v, out, logsumexp, and the mask it was given (`mask_bytes`: CPU keeps a bool mask as fp32);
+    "repeated": the same with k and v repeated to every query head (what transformers does for a masked
+    grouped-query attention); "math" (torch's fallback for a mask with grouped-query attention on GPUs:
+    flash takes no mask, the memory-efficient kernel no GQA, as transformers' sdpa_attention.py notes):
+    the fp32 upcast (torch's default for half inputs) of q, and of k and v repeated, and the fp32 scores."""
+    a, per_key = act_bytes(mode), keys / length
+    if kind == "math":
+        return 4 * s.q_width * (1 + 2 * per_key) + 4 * s.heads * keys
+    kv = s.q_width if kind == "repeated" else s.kv_width  # transformers repeats k/v for a masked GQA
+    return 2 * a * s.q_width + 2 * a * kv * per_key + 4 * s.heads + mask_bytes
+
+
+def ttt_kernel(s: TargetShapes, device: str) -> str:
+    """The SDPA kernel of a TTT step (a dense boolean [T, (k+1)T] mask, train/eagle3_objective.py)."""
+    if device == "cpu":
+        return "flash"  # the CPU flash kernel takes a mask and GQA
+    return "math" if s.heads != s.kv_heads else "flash"
+
+
+# ---- the estimate ---------------------------------------------------------------------------------------
+def estimate(shapes: TargetShapes, knobs: Knobs, setup: Setup, head_params: int | None = None) -> Estimate:
+    """Bytes per rank of a run: every term with its formula (see the module docstring)."""
+    if head_params is None:
+        head_params = head_parameters(shapes, knobs)
+    terms = resident_terms(shapes, knobs, setup, head_params)
+    if knobs.head == "eagle3":
+        terms += eagle3_batch_terms(shapes, knobs, setup) + eagle3_step_terms(shapes, knobs, setup)
+    else:
+        terms += mtp_terms(shapes, knobs, setup)
+    return Estimate(shapes, knobs, setup, terms, head_params)
+
+
+def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) -> list[Term]:
+    whole = s.param_bytes + s.buffer_bytes
+    offline = k.mode == "offline" and k.cotrain is None
+    # tensor parallel (runtime/placement.py): the layers split, embedding + norm + LM head whole per rank
+    weights = s.part_bytes if offline else s.part_bytes + (whole - s.part_bytes) / setup.tp
+    where = (
+        "embedding + final norm + LM head (offline: the parts the batches read)"
+        if offline
+        else f"layers / {setup.tp} ranks (tensor parallel), embedding + norm + LM head whole"
+        if setup.tp > 1
+        else "whole on every rank"
+    )
+    terms = [
+        Term(
+            "target weights",
+            weights,
+            f"{count(s.params)} params x {s.dtype_bytes} B, {where}",
+            "resident",
+        )
+    ]
+    terms += trainable_terms("head", head_params, 4, setup, with_params=True)
+    if k.cotrain == "lora":
+        terms += trainable_terms("LoRA", lora_parameters(s, k.lora_rank, k.lora_modules), 4, setup, True)
+    elif k.cotrain == "full":
+        trainable = s.params - (s.embedding_params if k.freeze_embeddings else 0)
+        terms += trainable_terms("target", trainable, s.dtype_bytes, setup, with_params=False)
+    return terms
+
+
+def trainable_terms(label: str, n: int, p: int, setup: Setup, with_params: bool = True) -> list[Term]:
+    """Parameters, gradients and AdamW state of `n` trainable parameters of `p` bytes under the strategy.
+    DDP keeps a bucket copy of the gradients; FSDP2 gathers parameters (and gradients) whole for compute,
+    in half precision under mixed precision; DeepSpeed holds the module in half precision with fp32
+    master weights, partitions what its stage says and keeps a reduce bucket (ZeRO-3: parameters
+    gathered up to its live-parameter cap)."""
+    w, s = setup.world_size, setup.strategy
+    g = 2 if setup.precision != "no" else p
+    if s in ("single", "ddp"):
+        ddp = s == "ddp"
+        rows = [
+            (p * n, f"{p} B"),
+            (p * n * (2 if ddp else 1), f"{p} B" + (" + DDP's bucket copy" if ddp else "")),
+            (2 * p * n, f"2 moments x {p} B"),
+        ]
+    elif s == "fsdp":
+        rows = [
+            (p * n / w + g * n, f"{p} B / {w} + {g} B gathered"),
+            (p * n / w + g * n, f"{p} B / {w} + {g} B unsharded"),
+            (2 * p * n / w, f"2 moments x {p} B / {w}"),
+        ]
+    else:
+        stage = int(s[-1])
+        bucket = g * min(n, ZERO_BUCKET)
+        params = g * n / w + g * min(n, ZERO3_LIVE) if stage == 3 else g * n
+        grads = (g * n / w if stage >= 2 else g * n) + bucket
+        rows = [
+            (params, f"{g} B" + (f" / {w} + gathered (live cap {ZERO3_LIVE:.0e})" if stage == 3 else "")),
+            (grads, f"{g} B" + (f" / {w}" if stage >= 2 else "") + f" + reduce bucket ({ZERO_BUCKET:.0e})"),
+            (12 * n / w, f"fp32 master + 2 moments: 12 B / {w}"),
+        ]
+    names = (f"{label} parameters", f"{label} gradients", f"{label} optimizer (AdamW)")
+    terms = [Term(name, b, f"{count(n)} x {how}", "resident") for name, (b, how) in zip(names, rows)]
+    return terms if with_params else terms[1:]
+
+
+def target_forward_bytes(s: TargetShapes, mode: str, tp: int) -> float:
+    """One decoder layer's transient working set per token under no_grad (the larger of a norm's fp32
+    copies and the MLP's three [I] tensors), split by tensor parallelism."""
+    b = 4 if mode == "fp32" else s.dtype_bytes
+    norm = 2 * b * s.hidden + (0 if mode == "fp32" else 8 * s.hidden)
+    mlp = 2 * b * s.hidden + 3 * b * s.intermediate / tp
+    return max(norm, mlp)
+
+
+def eagle3_batch_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
+    """Building an EAGLE-3 batch (train/eagle3_data.py), in sequence: online, the target per row with a
+    KV cache, keeping each row's aux and last states; then the rows padded (offline rows pad on the
+    host) and the features cast to fp32 for the head."""
+    b, tokens = s.dtype_bytes, k.batch * k.length
+    a_h, state = len(k.aux_layers) * s.hidden, (len(k.aux_layers) + 1) * s.hidden
+    lists = 0 if (k.mode == "offline" and setup.device != "cpu") else tokens * state * b
+    terms = []
+    if k.mode == "online":
+        kv = s.layers * 2 * s.kv_width * b / setup.tp
+        ws = target_forward_bytes(s, setup.mode, setup.tp)
+        row = k.length * (kv + max(ws + b * a_h, 2 * b * a_h + b * s.hidden))
+        how = f"per row: KV cache ({s.layers} layers x 2 x {s.kv_width} x {b} B / token), a layer's work"
+        terms.append(
+            Term("target forward (no_grad)", (k.batch - 1) * k.length * state * b + row, how, "batch")
+        )
+    padded = lists + tokens * state * b
+    cast = tokens * (state * b + (4 * a_h if b != 4 else 0))
+    how = f"aux + last states ({b} B), padded; features to fp32"
+    terms.append(Term("batch tensors", max(padded, cast), how, "batch"))
+    return terms
+
+
+def decomposed_saved(s: TargetShapes, mode: str, step: int) -> int:
+    """The TTT step's attention without a mask (train/ttt_attention.py) per token: the causal kernel's
+    q, out and log-sum-exp, the step's own k and v (step 0's are every step's prefix keys), and for
+    k >= 1 the merge's softmax weights and, from half inputs, its fp32 copies of q, out and each
+    diagonal key and value."""
+    a = act_bytes(mode)
+    saved = 2 * a * s.q_width + 4 * s.heads + 2 * a * s.kv_width
+    if step == 0:
+        return saved
+    saved += (step + 1) * 4 * s.heads
+    if mode != "fp32":
+        saved += 8 * s.q_width + step * 8 * s.kv_width
+    return saved
+
+
+def dense_saved(s: TargetShapes, mode: str, device: str, length: int, step: int) -> float:
+    """The reference TTT attention (train.ttt_attention=dense): SDPA over the (k+1)T keys of a cache
+    grown by concatenation, with a dense boolean [T, (k+1)T] mask."""
+    keys = (step + 1) * length
+    mask = 4 * keys if device == "cpu" else 0  # CPU keeps the bool mask as an fp32 additive one
+    return kernel_saved(ttt_kernel(s, device), s, mode, length, keys, mask)
+
+
+def eagle3_step_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
+    """One EAGLE-3 micro-batch (train/eagle3_objective.py): its inputs and the target's draft-vocab
+    distributions at the positions a loss reads (worst case: all), built `logit_chunk` rows at a time;
+    then K unrolled steps of the head, each keeping its layers' activations, its attention's tensors and
+    the outputs its chunked soft cross-entropy reads (each chunk's logits are recomputed in backward)."""
+    mode, tokens, t, b = setup.mode, k.batch * k.length, k.length, s.dtype_bytes
+    a, h, vd = act_bytes(mode), s.hidden, k.draft_vocab
+    a_h, layers = len(k.aux_layers) * h, k.eagle3.get("num_layers", 1)
+    chunk = min(k.logit_chunk, tokens)
+    inputs = tokens * (4 * a_h + b * h + 4 * vd + 30)  # features, last hidden, target probs [N, Vd], ids
+    fuse = 0 if mode == "fp32" else 2 * a_h  # fc's half copy of the features
+    if k.eagle3.get("fc_norm") or k.eagle3.get("norm_before_fc"):
+        fuse += norm_saved(mode, a_h, False)
+    internals = (
+        norm_saved(mode, h, False)  # input_layernorm(embedding): the embedding needs no gradient
+        + norm_saved(mode, h, True)  # hidden_norm(feature)
+        + linear_inputs(mode, 2 * h, 3)  # [norm(embedding); norm(feature)] into q/k/v
+        + layer_saved(s, mode, count_input=False)
+        + (layers - 1) * layer_saved(s, mode, count_input=True)
+        + 2 * a * s.head_dim  # rope's cos and sin
+    )
+    if k.attention == "dense":
+        kernels = [tokens * layers * dense_saved(s, mode, setup.device, t, j) for j in range(k.steps)]
+        kind = f"dense [T,(k+1)T] mask, {ttt_kernel(s, setup.device)} kernel"
+    else:
+        kernels = [tokens * layers * decomposed_saved(s, mode, j) for j in range(k.steps)]
+        kind = "causal kernel + k diagonal keys (no mask)"
+    loss = tokens * k.steps * a * h  # the counted outputs each step's chunked cross-entropy reads
+    saved, attention = tokens * (fuse + k.steps * internals), sum(kernels)
+    recompute = 0.0
+    if k.checkpointing:  # each step keeps its inputs, output and cache entries; one step is recomputed
+        kept = b * h + 8 + a * h + 2 * a * s.kv_width * layers
+        saved, attention = tokens * (fuse + k.steps * kept), 0.0
+        recompute = 2 * (tokens * internals + kernels[-1])  # its tensors and their gradients
+    math = k.attention == "dense" and ttt_kernel(s, setup.device) == "math"
+    largest = 4 * s.heads * k.steps * t if math else 0  # the last step's fp32 scores
+    logits = chunk * ((b + (4 if b != 4 else 0)) * s.vocab + 8 * vd)  # [C, V] logits (+ fp32), [C, Vd] probs
+    working = max(
+        chunk * (12 * h + 16 * vd),  # a cross-entropy chunk recomputed: logits, targets, log-softmax, product
+        tokens * 2 * max(largest, a * s.intermediate),  # backward's first gradients
+        recompute,
+    )
+    how = f"before the unroll: the inputs and {chunk}-row chunks of [., V] logits (train.logit_chunk)"
+    return [
+        Term("target distributions", inputs + logits, how, "batch"),
+        Term(
+            "inputs: features, target probs", inputs, f"B x T x (A*H fp32 + H + Vd fp32), Vd = {vd}", "step"
+        ),
+        Term(
+            "head activations (B x T x K)",
+            saved,
+            f"{k.steps} steps x {layers} layer(s): norms, q/k/v/o inputs, MLP [I]",
+            "step",
+        ),
+        Term("attention", attention, f"{kind}, {k.steps} steps", "step"),
+        Term("loss inputs", loss, "K x B x T x H: outputs the chunked soft cross-entropy reads", "step"),
+        Term("working set", working, "a cross-entropy chunk recomputed, backward's first gradients", "step"),
+    ]
+
+
+def mtp_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
+    """One MTP micro-batch (train/heads.py MtpModel, train/mtp_objective.py): the target's last hidden
+    states and its logits at every supervised position (worst case: all), then per module the block's
+    activations and the soft cross-entropy over the full vocabulary."""
+    mode, tokens, t = setup.mode, k.batch * k.length, k.length
+    a, h, v, b = act_bytes(mode), s.hidden, s.vocab, s.dtype_bytes
+    cotrain = k.cotrain is not None
+    teacher = tokens * (b * v + (4 * v if b != 4 else 0) + 2 * b * h)  # logits (dtype, fp32), h_0, pre-norm
+    terms = []
+    if k.mode == "online" and not cotrain:
+        ws = tokens * (target_forward_bytes(s, mode, setup.tp) + 2 * b * h + t)  # + a [B, 1, T, T] bool mask
+        terms.append(Term("target forward (no_grad)", ws, "a layer's working set, [B,1,T,T] mask", "batch"))
+    if cotrain:  # the target runs with gradients: every layer keeps its activations
+        per_layer = layer_saved(s, "half" if mode != "fp32" else mode, True, s.qk_norm) + kernel_saved(
+            "flash", s, mode, t, t
+        )
+        target = tokens * (s.layers * per_layer + norm_saved(mode, h, True) + 4 * v)
+        terms.append(
+            Term(
+                "target activations (co-training)",
+                target,
+                f"{s.layers} layers with gradients + next-token loss",
+                "step",
+            )
+        )
+    per_module, attention = 0.0, 0.0
+    for m in range(k.steps):
+        per_module += norm_saved(mode, h, False) + norm_saved(mode, h, m > 0 or cotrain)  # enorm, hnorm
+        per_module += (
+            linear_inputs(mode, 2 * h, 1) + layer_saved(s, mode, True, s.qk_norm) + 2 * a * s.head_dim
+        )
+        per_module += norm_saved(mode, h, True) + linear_inputs(mode, h, 1)  # shared_head.norm into lm_head
+        if m == 0:  # causal, no mask: flash with GQA
+            attention += tokens * kernel_saved("flash", s, mode, t, t)
+        else:  # module_mask [T, T]: transformers repeats k/v; CPU keeps the mask in fp32
+            mask = (4 if setup.device == "cpu" else a) * t / k.batch
+            attention += tokens * kernel_saved("repeated", s, mode, t, t, mask)
+    loss = tokens * k.steps * (8 if k.labels == "target" else 4) * v
+    working = tokens * (4 + (b if b != 4 else 0) + 4) * v  # the last module's logits and teacher rows
+    return terms + [
+        Term("teacher: target logits, h_0", teacher, f"B x T x V ({b} B + fp32), V = {v}", "step"),
+        Term(
+            "module activations (B x T x M)",
+            tokens * per_module,
+            f"{k.steps} module(s): norms, eh_proj, block",
+            "step",
+        ),
+        Term("attention", attention, "flash (module 0), masked (modules >= 1)", "step"),
+        Term("loss tensors", loss, "M x B x T x V x fp32 (log-softmax, target probs)", "step"),
+        Term("working set", working, "the last module's logits", "step"),
+    ]
