@@ -3,8 +3,9 @@
 Modules: `sources` (ShareGPT bundle, local JSON/JSONL/Parquet, prompt lists, `datasets` names ->
 normalized conversations, bad rows skipped and counted), `templating` (chat template rendering and
 assistant-only loss masks by the render-boundary method), `prepare` (the prepared DatasetDict folder),
-`regenerate` (assistant turns replaced by the target's own answers), `capture` / `capture_reader`
-(aux and last hidden states in sharded safetensors; the same code computes them online), `vocab`
-(draft-vocabulary maps d2t/t2d), `common` (content hashes, step records, summaries, atomic files).
+`regenerate` (assistant turns replaced by the target's own answers), `capture` / `capture_shards` /
+`capture_reader` (aux and last hidden states in sharded safetensors; the same code computes them
+online), `parts` (a step run in --num-shards parts, read as one folder), `vocab` (draft-vocabulary maps
+d2t/t2d), `common` (content hashes, step records, summaries, atomic files).
 Every step writes `draftsmith_data.json` last; same inputs = no-op; killed steps resume.
 """

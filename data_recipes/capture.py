@@ -54,11 +54,11 @@ import torch
 from tqdm.auto import tqdm
 
 from draftsmith.data_recipes.capture_reader import TOKEN_TENSORS, CaptureFolder, load_capture  # noqa: F401 (re-exported)
+from draftsmith.data_recipes.capture_shards import CAPTURE_FORMAT, ShardWriter, scan_shards, shard_name
 from draftsmith.data_recipes.common import (
     RECORD_FILE,
     StepRecord,
     Summary,
-    atomic_save_file,
     check_same_target,
     fingerprint,
     finish,
@@ -86,7 +86,6 @@ from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 log = logging.getLogger(__name__)
 
-CAPTURE_FORMAT = "draftsmith-capture"
 CAPTURE_VERSION = 1
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SPLITS = ("train", "validation", "all")
@@ -124,101 +123,6 @@ def capture_row(target, input_ids, aux_layers: Sequence[int]) -> dict[str, torch
     Offline capture stores exactly these tensors (cast to the storage dtype)."""
     ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(1, -1)
     return {name: t[0] for name, t in capture_batch(target, ids, aux_layers).items()}
-
-
-# ---- shards ---------------------------------------------------------------------------------------------
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}.safetensors"
-
-
-def _shard_meta(path: Path) -> dict | None:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return f.metadata() or {}
-    except Exception:  # truncated or not safetensors: not one of ours, or not complete
-        return None
-
-
-def _scan_shards(out: Path, inputs_hash: str, first_row: int = 0) -> list[dict]:
-    """Complete shards of this capture (its rows start at `first_row`), in order; our shards made with
-    other inputs are removed."""
-    for tmp in out.glob(".shard-*.tmp"):  # a write killed before its rename
-        tmp.unlink()
-    files = sorted(out.glob("shard-*.safetensors"))
-    metas = [_shard_meta(path) for path in files]
-    for path, meta in zip(files, metas):
-        if meta is None or meta.get("format") != CAPTURE_FORMAT:
-            raise BadInputError(
-                "--out",
-                f"{out} (holds {path.name}, not written by draftsmith data capture)",
-                "a capture folder",
-            )
-    kept: list[dict] = []
-    next_row = first_row
-    for k, (path, meta) in enumerate(zip(files, metas)):
-        ok = (
-            meta.get("inputs_hash") == inputs_hash
-            and path.name == shard_name(k)
-            and int(meta["index"]) == k
-            and int(meta["first_row"]) == next_row
-        )
-        if not ok:
-            stale = files[k:]
-            log.info("capture: removing %d shard(s) from a capture with other inputs", len(stale))
-            for p in stale:
-                p.unlink()
-            break
-        kept.append(meta)
-        next_row = int(meta["end_row"])
-    return kept
-
-
-class _ShardWriter:
-    def __init__(self, out: Path, index: int, first_row: int, static_meta: dict, storage: torch.dtype):
-        self.out, self.index, self.first_row = out, index, first_row
-        self.static_meta, self.storage = static_meta, storage
-        self._reset()
-
-    def _reset(self) -> None:
-        self.parts: dict[str, list[torch.Tensor]] = {name: [] for name in TOKEN_TENSORS}
-        self.lengths: list[int] = []
-        self.row_index: list[int] = []
-        self.ids: list[str] = []
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.lengths)
-
-    def add(self, row_index: int, row_id: str, input_ids, loss_mask, tensors: dict) -> None:
-        self.parts["input_ids"].append(torch.tensor(input_ids, dtype=torch.int32))
-        self.parts["loss_mask"].append(torch.tensor(loss_mask, dtype=torch.int8))
-        for name in ("aux_hidden", "last_hidden"):
-            self.parts[name].append(tensors[name].to(device="cpu", dtype=self.storage))
-        self.lengths.append(len(input_ids))
-        self.row_index.append(row_index)
-        self.ids.append(row_id)
-
-    def flush(self, end_row: int) -> dict:
-        tensors = {name: torch.cat(parts).contiguous() for name, parts in self.parts.items()}
-        offsets = torch.zeros(len(self.lengths) + 1, dtype=torch.int64)
-        offsets[1:] = torch.tensor(self.lengths, dtype=torch.int64).cumsum(0)
-        tensors["offsets"] = offsets
-        tensors["row_index"] = torch.tensor(self.row_index, dtype=torch.int64)
-        meta = {
-            **self.static_meta,
-            "index": str(self.index),
-            "first_row": str(self.first_row),
-            "end_row": str(end_row),
-            "rows": str(len(self.lengths)),
-            "tokens": str(self.tokens),
-            "ids": json.dumps(self.ids),
-        }
-        atomic_save_file(self.out / shard_name(self.index), tensors, meta)
-        self.index, self.first_row = self.index + 1, end_row
-        self._reset()
-        return meta
 
 
 # ---- the step -------------------------------------------------------------------------------------------
@@ -342,7 +246,7 @@ def capture(
     part_out.mkdir(parents=True, exist_ok=True)
     if done is not None:  # a finished capture with other inputs: it is being replaced
         (part_out / RECORD_FILE).unlink()
-    kept = _scan_shards(part_out, record.inputs_hash, first_row=lo)
+    kept = scan_shards(part_out, record.inputs_hash, first_row=lo)
     start_row = int(kept[-1]["end_row"]) if kept else lo
     _check_disk(
         part_out, lengths[start_row:hi], start_row, len(kept), layers, target.hidden_size, storage_dtype
@@ -357,7 +261,7 @@ def capture(
         "storage_dtype": storage_dtype,
         "hidden_size": str(target.hidden_size),
     }
-    writer = _ShardWriter(part_out, len(kept), start_row, static_meta, STORAGE_DTYPES[storage_dtype])
+    writer = ShardWriter(part_out, len(kept), start_row, static_meta, STORAGE_DTYPES[storage_dtype])
     started = time.perf_counter()
     bar = tqdm(total=hi - lo, initial=start_row - lo, desc="capture", unit="row", disable=not progress)
     try:
@@ -406,7 +310,7 @@ def capture(
     return finish(part_out, record, summary)
 
 
-def _capture_rows(target, parts, rows_range, layers, writer: _ShardWriter, shard_tokens: int, bar) -> list:
+def _capture_rows(target, parts, rows_range, layers, writer: ShardWriter, shard_tokens: int, bar) -> list:
     """Capture rows [start, end) of the splits `parts` (numbered across them, in order) one forward each;
     the metadata of every shard flushed, the last one included."""
     start_row, end_row = rows_range
@@ -490,7 +394,7 @@ def _check_row(index: int, row_id: str, ids, mask, vocab_size: int, max_context:
         )
 
 
-def _check_finite(writer: _ShardWriter, index: int, row_id: str, storage_dtype: str) -> None:
+def _check_finite(writer: ShardWriter, index: int, row_id: str, storage_dtype: str) -> None:
     for name in ("aux_hidden", "last_hidden"):
         if not torch.isfinite(writer.parts[name][-1]).all():
             raise DraftsmithError(

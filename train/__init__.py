@@ -9,6 +9,7 @@ tree mask, soft cross-entropy on the draft vocabulary, per-step accuracy, simula
 (its attention without a dense mask: causal + diagonal keys merged by log-sum-exp), `eagle3_data`
 (online and offline batches), `mtp_objective` (MTP modules: distillation or data labels, per-module
 accuracy), `cotrain` (LoRA / full co-training of the target, the drift report), `heads` (what the loop
-needs per head type), `trainer` (the loop: Accelerate, DDP / DeepSpeed, numerics guard),
-`checkpoints` (atomic, rotated, exact resume), `metrics` (metrics.jsonl, trackers, the PNG curve).
+needs per head type), `trainer` (the loop, numerics guard), `accelerator_setup` (process group,
+precision, DeepSpeed), `checkpoints` (atomic, rotated, exact resume), `metrics` (metrics.jsonl,
+trackers, the PNG curve).
 """

@@ -13,9 +13,10 @@ import yaml
 from train_data import run_overrides
 
 from draftsmith.runtime.errors import BadInputError
-from draftsmith.train import trainer as trainer_module
+from draftsmith.train import accelerator_setup
+from draftsmith.train.accelerator_setup import deepspeed_precision, requested_precision
 from draftsmith.train.config import load_train_config
-from draftsmith.train.trainer import deepspeed_precision, requested_precision, train
+from draftsmith.train.trainer import train
 
 DEEPSPEED_JSONS = sorted((Path(__file__).parents[2] / "configs" / "deepspeed").glob("*.json"))
 
@@ -55,10 +56,10 @@ def test_shipped_deepspeed_jsons_train_in_bf16_on_a_gpu_with_no_environment(
 ):
     import accelerate
 
-    monkeypatch.setattr(trainer_module.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(accelerator_setup.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(accelerate, "Accelerator", RecordingAccelerator)
     monkeypatch.setattr(RecordingAccelerator, "json_path", json_path)
-    accelerator, precision = trainer_module.build_accelerator(default_config(tmp_path), None)
+    accelerator, precision = accelerator_setup.build_accelerator(default_config(tmp_path), None)
     assert RecordingAccelerator.seen["mixed_precision"] == "bf16"  # passed explicitly under DeepSpeed too
     ds = accelerator.state.deepspeed_plugin.deepspeed_config
     assert ds["bf16"]["enabled"] is True and ds["fp16"]["enabled"] is False
@@ -75,10 +76,10 @@ def test_an_explicit_precision_the_deepspeed_json_overrides_is_refused(clean_env
     monkeypatch.setattr(accelerate, "Accelerator", RecordingAccelerator)
     monkeypatch.setattr(RecordingAccelerator, "json_path", forced)
     with pytest.raises(BadInputError) as err:
-        trainer_module.build_accelerator(default_config(tmp_path, "train.mixed_precision=no"), None)
+        accelerator_setup.build_accelerator(default_config(tmp_path, "train.mixed_precision=no"), None)
     assert err.value.field == "train.mixed_precision" and "bf16" in str(err.value)
     # With "auto" the JSON's explicit choice stands and is what the run reports.
-    _, precision = trainer_module.build_accelerator(default_config(tmp_path), None)
+    _, precision = accelerator_setup.build_accelerator(default_config(tmp_path), None)
     assert precision == "bf16"
 
 

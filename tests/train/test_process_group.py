@@ -27,7 +27,7 @@ from draftsmith.data_recipes.capture_reader import TOKEN_TENSORS
 from draftsmith.data_recipes.parts import part_name
 from draftsmith.runtime.cli import main
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
-from draftsmith.train import trainer as trainer_module
+from draftsmith.train import accelerator_setup
 from draftsmith.train.config import load_train_config
 from draftsmith.train.data_steps import capture_dir, data_commands, ensure_data
 from draftsmith.train.process_group import TIMEOUT_KEY, rank0_first, wait_for_ranks
@@ -58,10 +58,10 @@ def test_build_accelerator_gives_the_process_group_the_configured_timeout(cuda, 
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
-    monkeypatch.setattr(trainer_module.torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(accelerator_setup.torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(accelerate, "Accelerator", RecordingAccelerator)
     cfg = load_train_config(None, [f"output_dir={tmp_path}", "train.process_group_timeout_s=77"])
-    trainer_module.build_accelerator(cfg, None)
+    accelerator_setup.build_accelerator(cfg, None)
     [handler] = RecordingAccelerator.seen["kwargs_handlers"]
     # What Accelerate hands init_process_group: only the values that differ from its defaults.
     expected = {"timeout": timedelta(seconds=77)} | ({} if cuda else {"backend": "gloo"})
