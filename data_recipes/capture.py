@@ -14,10 +14,14 @@ Shard format (`OUT/shard-00000.safetensors`, about `--shard-tokens` tokens each,
     loss_mask    int8  [N]              1 = supervised token (aligned with input_ids, as prepared)
     aux_hidden   dtype [N, A*H]         A = len(aux_layers), in aux-layer order; dtype = --storage-dtype
     last_hidden  dtype [N, H]           pre-norm output of the last decoder layer
+    *_scale      float32 [N, A] / [N, 1] with --storage-dtype fp8 only: e4m3fn values times these per-token
+                 scales (data_recipes/capture_storage.py; the last hidden state stays bfloat16 unless
+                 --fp8-last-hidden)
     offsets      int64 [R+1]            row r is tokens offsets[r]:offsets[r+1]
     row_index    int64 [R]              the row's index in the captured split(s) (train first for `all`)
     metadata     format, index, inputs_hash, first_row/end_row (the row range the shard covers, skipped
-                 rows included), rows, tokens, aux_layers, storage_dtype, hidden_size, ids (JSON list)
+                 rows included), rows, tokens, aux_layers, storage_dtype (+ last_hidden_dtype for fp8),
+                 hidden_size, ids (JSON list)
 
 Aux-layer ids are 0-based decoder-layer outputs (docs/architecture.md, 5.6): id i is the tensor after
 decoder layer i, which is `hidden_states[i + 1]` in transformers. SGLang, SpecForge and ModelOpt config
@@ -45,7 +49,6 @@ import argparse
 import json
 import logging
 import shlex
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,6 +58,14 @@ from tqdm.auto import tqdm
 
 from draftsmith.data_recipes.capture_reader import TOKEN_TENSORS, CaptureFolder, load_capture  # noqa: F401 (re-exported)
 from draftsmith.data_recipes.capture_shards import CAPTURE_FORMAT, ShardWriter, scan_shards, shard_name
+from draftsmith.data_recipes.capture_storage import (  # noqa: F401 (re-exported)
+    STORAGE_DTYPES,
+    Storage,
+    bytes_per_token,
+    check_disk,
+    check_storage,
+    human_bytes,
+)
 from draftsmith.data_recipes.common import (
     RECORD_FILE,
     StepRecord,
@@ -82,12 +93,11 @@ from draftsmith.runtime.aux_layers import (  # noqa: F401 (re-exported)
     parse_aux_layers,
     resolve_aux_layers,
 )
-from draftsmith.runtime.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger(__name__)
 
 CAPTURE_VERSION = 1
-STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 SPLITS = ("train", "validation", "all")
 DROP_NO_SUPERVISED = "no supervised tokens"
 
@@ -126,27 +136,12 @@ def capture_row(target, input_ids, aux_layers: Sequence[int]) -> dict[str, torch
 
 
 # ---- the step -------------------------------------------------------------------------------------------
-def _check_options(storage_dtype: str, split: str, shard_tokens: int) -> None:
-    if storage_dtype not in STORAGE_DTYPES:
-        raise BadInputError("--storage-dtype", storage_dtype, f"one of {list(STORAGE_DTYPES)}")
+def _check_options(storage_dtype: str, split: str, shard_tokens: int, fp8_last_hidden: bool = False) -> None:
+    check_storage(storage_dtype, fp8_last_hidden)
     if split not in SPLITS:
         raise BadInputError("--split", split, f"one of {list(SPLITS)}")
     if not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise BadInputError("--shard-tokens", shard_tokens, "a positive integer")
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
-def bytes_per_token(num_aux: int, hidden_size: int, storage_dtype: str) -> int:
-    """(aux + last) hidden values per token at the storage width, plus int32 id and int8 mask."""
-    width = torch.empty((), dtype=STORAGE_DTYPES[storage_dtype]).element_size()
-    return (num_aux + 1) * hidden_size * width + 4 + 1
 
 
 def _row_lengths(dataset) -> list[int]:
@@ -159,13 +154,21 @@ def _row_lengths(dataset) -> list[int]:
 
 
 def capture_done(
-    target, data_dir, out, aux_layers=None, storage_dtype="bfloat16", split="train", shard_tokens=65536
+    target,
+    data_dir,
+    out,
+    aux_layers=None,
+    storage_dtype="bfloat16",
+    split="train",
+    shard_tokens=65536,
+    fp8_last_hidden=False,
 ) -> dict | None:
     """The finished capture in `out` (one run's, or all its parts') that `capture` with these arguments
     would leave, else None. Multi-process training asks every rank before any of them writes."""
     data_record = require_whole(data_dir, "--data", DATA_STEPS)
     layers = resolve_aux_layers(aux_layers, target.num_layers)
-    return _whole_done(Path(out), _record(target, data_record, layers, storage_dtype, split, shard_tokens))
+    record = _record(target, data_record, layers, storage_dtype, split, shard_tokens, fp8_last_hidden)
+    return _whole_done(Path(out), record)
 
 
 def _whole_done(out: Path, record: StepRecord) -> dict | None:
@@ -176,10 +179,10 @@ def _whole_done(out: Path, record: StepRecord) -> dict | None:
 
 
 def _record(
-    target, data_record: dict, layers, storage_dtype: str, split: str, shard_tokens: int
+    target, data_record: dict, layers, storage_dtype: str, split: str, shard_tokens: int, fp8_last=False
 ) -> StepRecord:
     """The capture's step record before any work: its inputs decide the hash (a part adds "shard")."""
-    return StepRecord(
+    record = StepRecord(
         "capture",
         inputs={
             "fingerprint": fingerprint(target),
@@ -194,6 +197,9 @@ def _record(
             "shard_tokens": shard_tokens,
         },
     )
+    if storage_dtype == "fp8":  # only then: the hashes of other captures stay as they were
+        record.inputs["last_hidden_dtype"] = Storage.of("fp8", 0, 0, fp8_last).last
+    return record
 
 
 def capture(
@@ -207,19 +213,22 @@ def capture(
     progress: bool = True,
     num_shards: int = 1,
     shard_index: int = 0,
+    fp8_last_hidden: bool = False,
+    row_tensors=None,
 ) -> dict:
     """The `data capture` step; returns the finished step record (a no-op when already done).
 
     With num_shards > 1 it captures part `shard_index` (rows of about a num_shards-th of the tokens,
-    `parts.balanced_range`) into OUT/part-K-of-N/; the parts read as one capture (CaptureFolder)."""
+    `parts.balanced_range`) into OUT/part-K-of-N/; the parts read as one capture (CaptureFolder).
+    row_tensors(rows) -> f(ids) -> tensors: another engine's rows (data_recipes/vllm_capture.py)."""
     data_dir, out = Path(data_dir), Path(out)
     check_shard_args(num_shards, shard_index)
     data_record = require_whole(data_dir, "--data", DATA_STEPS)
     check_same_target(data_record, target, "--target")
     layers = resolve_aux_layers(aux_layers, target.num_layers)
-    _check_options(storage_dtype, split, shard_tokens)
+    _check_options(storage_dtype, split, shard_tokens, fp8_last_hidden)
     guard_out_dir(out, data_dir, "capture")
-    record = _record(target, data_record, layers, storage_dtype, split, shard_tokens)
+    record = _record(target, data_record, layers, storage_dtype, split, shard_tokens, fp8_last_hidden)
     whole = _whole_done(out, record)  # made before, in one run or in parts
     if whole is not None:
         log.info("capture: %s is up to date (same inputs); nothing to do", out)
@@ -248,9 +257,8 @@ def capture(
         (part_out / RECORD_FILE).unlink()
     kept = scan_shards(part_out, record.inputs_hash, first_row=lo)
     start_row = int(kept[-1]["end_row"]) if kept else lo
-    _check_disk(
-        part_out, lengths[start_row:hi], start_row, len(kept), layers, target.hidden_size, storage_dtype
-    )
+    storage = Storage.of(storage_dtype, len(layers), target.hidden_size, fp8_last_hidden)
+    check_disk(part_out, lengths[start_row:hi], start_row, len(kept), storage)
 
     static_meta = {
         "format": CAPTURE_FORMAT,
@@ -259,13 +267,18 @@ def capture(
         "aux_layers": json.dumps(list(layers)),
         "aux_layer_convention": AUX_LAYER_CONVENTION,
         "storage_dtype": storage_dtype,
+        **({"last_hidden_dtype": storage.last} if storage_dtype == "fp8" else {}),
         "hidden_size": str(target.hidden_size),
     }
-    writer = ShardWriter(part_out, len(kept), start_row, static_meta, STORAGE_DTYPES[storage_dtype])
+    writer = ShardWriter(part_out, len(kept), start_row, static_meta, storage)
     started = time.perf_counter()
-    bar = tqdm(total=hi - lo, initial=start_row - lo, desc="capture", unit="row", disable=not progress)
+    # tokens, not rows: forward time follows tokens, so throughput and ETA do too
+    todo, done_tokens = sum(lengths[lo:hi]), sum(lengths[lo:start_row])
+    bar = tqdm(
+        total=todo, initial=done_tokens, desc="capture", unit="tok", unit_scale=True, disable=not progress
+    )
     try:
-        kept += _capture_rows(target, parts, (start_row, hi), layers, writer, shard_tokens, bar)
+        kept += _capture_rows(target, parts, (start_row, hi), layers, writer, shard_tokens, bar, row_tensors)
     finally:
         bar.close()
     elapsed = time.perf_counter() - started
@@ -292,8 +305,7 @@ def capture(
         "tensors": {
             "input_ids": "int32 [N]",
             "loss_mask": "int8 [N]",
-            "aux_hidden": f"{storage_dtype} [N, {len(layers)}*{target.hidden_size}] in aux_layers order",
-            "last_hidden": f"{storage_dtype} [N, {target.hidden_size}] pre-norm; logits = lm_head(norm(.))",
+            **storage.record_tensors(),
             "offsets": "int64 [rows+1]",
             "row_index": "int64 [rows]",
         },
@@ -304,13 +316,15 @@ def capture(
         record.outputs["part"] = {
             "rows": [lo, hi],
             "command": _part_command(
-                target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards
+                target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards, fp8_last_hidden
             ),
         }
     return finish(part_out, record, summary)
 
 
-def _capture_rows(target, parts, rows_range, layers, writer: ShardWriter, shard_tokens: int, bar) -> list:
+def _capture_rows(
+    target, parts, rows_range, layers, writer: ShardWriter, shard_tokens: int, bar, row_tensors=None
+) -> list:
     """Capture rows [start, end) of the splits `parts` (numbered across them, in order) one forward each;
     the metadata of every shard flushed, the last one included."""
     start_row, end_row = rows_range
@@ -322,14 +336,14 @@ def _capture_rows(target, parts, rows_range, layers, writer: ShardWriter, shard_
         if begin >= end:
             continue
         rows = part.select_columns(["id", "input_ids", "loss_mask"]).select(range(begin, end))
+        tensors_of = row_tensors(rows) if row_tensors else lambda ids: capture_row(target, ids, layers)
         for offset, row in enumerate(rows):
             index = first + begin + offset
             ids, mask = row["input_ids"], row["loss_mask"]
             _check_row(index, row["id"], ids, mask, target.vocab_size, target.max_context)
             if sum(mask) > 0:
-                writer.add(index, row["id"], ids, mask, capture_row(target, ids, layers))
-                _check_finite(writer, index, row["id"], writer.static_meta["storage_dtype"])
-            bar.update(1)
+                writer.add(index, row["id"], ids, mask, tensors_of(ids))  # refuses non-finite
+            bar.update(len(ids))
             if writer.tokens >= shard_tokens:
                 flushed.append(writer.flush(end_row=index + 1))
     if writer.lengths:
@@ -337,40 +351,15 @@ def _capture_rows(target, parts, rows_range, layers, writer: ShardWriter, shard_
     return flushed
 
 
-def _check_disk(
-    out: Path, lengths, start_row: int, kept: int, layers, hidden_size: int, storage_dtype: str
-) -> None:
-    """Log the rows, tokens and bytes to go (`lengths`: of the rows to go); refuse when they do not fit."""
-    per_token = bytes_per_token(len(layers), hidden_size, storage_dtype)
-    todo_tokens = sum(lengths)
-    estimate = todo_tokens * per_token + 16 * len(lengths)
-    log.info(
-        "capture: %d rows, %d tokens%s; about %s on disk (%d bytes/token: %d x %d %s values + id + mask)",
-        len(lengths),
-        todo_tokens,
-        f" to go (resuming after row {start_row}, {kept} shard(s) kept)" if kept else "",
-        human_bytes(estimate),
-        per_token,
-        len(layers) + 1,
-        hidden_size,
-        storage_dtype,
-    )
-    free = shutil.disk_usage(out).free
-    if estimate > free:
-        raise BadInputError(
-            "--out",
-            f"{human_bytes(free)} free on its disk",
-            f"about {human_bytes(estimate)} for this capture",
-            "free some space, pick another folder, or capture fewer rows",
-        )
-
-
-def _part_command(target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards) -> str:
+def _part_command(
+    target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards, fp8_last=False
+) -> str:
     """The `draftsmith data capture` line that makes a part of this run (its --shard-index appended)."""
     words = ["draftsmith", "data", "capture", "--target", getattr(target, "path", None) or target.name]
     words += ["--dtype", str(target.dtype).removeprefix("torch."), "--data", str(data_dir), "--out", str(out)]
     words += ["--aux-layers", ",".join(map(str, layers)), "--storage-dtype", storage_dtype, "--split", split]
     words += ["--shard-tokens", str(shard_tokens), "--num-shards", str(num_shards)]
+    words += ["--fp8-last-hidden"] if fp8_last else []
     return shlex.join(words)
 
 
@@ -394,20 +383,12 @@ def _check_row(index: int, row_id: str, ids, mask, vocab_size: int, max_context:
         )
 
 
-def _check_finite(writer: ShardWriter, index: int, row_id: str, storage_dtype: str) -> None:
-    for name in ("aux_hidden", "last_hidden"):
-        if not torch.isfinite(writer.parts[name][-1]).all():
-            raise DraftsmithError(
-                f"capture: row {index} ({row_id}): non-finite {name} in {storage_dtype} "
-                "(float16 overflows on large activations; use --storage-dtype bfloat16 or float32)"
-            )
-
-
 def summary_lines(record: dict) -> list[str]:
     o, i = record["outputs"], record["inputs"]
     lines = [
         f"capture: {o['rows']} rows, {o['tokens']} tokens in {len(o['shards'])} shard(s), "
-        f"{human_bytes(o['bytes'])} ({o['bytes_per_token']:.0f} bytes/token, {i['storage_dtype']})",
+        f"{human_bytes(o['bytes'])} ({o['bytes_per_token']:.0f} bytes/token, {i['storage_dtype']}"
+        + (f", last hidden {i['last_hidden_dtype']})" if "last_hidden_dtype" in i else ")"),
         f"capture: aux layers {i['aux_layers']} (0-based layer outputs; vLLM/speculators ids "
         f"{[x + 1 for x in i['aux_layers']]})",
     ]
@@ -428,25 +409,35 @@ def summary_lines(record: dict) -> list[str]:
 
 
 def run_from_args(args: argparse.Namespace) -> None:
+    from draftsmith.data_recipes.step_summary import StepTimer
+
+    timer = StepTimer()
     # Cheap checks before loading the target (seconds to minutes).
     check_shard_args(args.num_shards, args.shard_index)
     require_whole(args.data, "--data", DATA_STEPS)
     layers = parse_aux_layers(args.aux_layers)
-    _check_options(args.storage_dtype, args.split, args.shard_tokens)
+    fp8_last = getattr(args, "fp8_last_hidden", False)
+    _check_options(args.storage_dtype, args.split, args.shard_tokens, fp8_last)
 
-    from draftsmith.runtime.target import Target
+    from draftsmith.data_recipes.tp_steps import run_step
 
-    target = Target.load(args.target, device=args.device, dtype=args.dtype)
-    record = capture(
-        target,
-        args.data,
-        args.out,
-        aux_layers=layers,
-        storage_dtype=args.storage_dtype,
-        split=args.split,
-        shard_tokens=args.shard_tokens,
-        num_shards=args.num_shards,
-        shard_index=args.shard_index,
-    )
-    for line in summary_lines(record):
+    def work(target, num_shards: int, shard_index: int) -> dict:
+        return capture(
+            target,
+            args.data,
+            args.out,
+            aux_layers=layers,
+            storage_dtype=args.storage_dtype,
+            split=args.split,
+            shard_tokens=args.shard_tokens,
+            num_shards=num_shards,
+            shard_index=shard_index,
+            fp8_last_hidden=fp8_last,
+        )
+
+    # one process, or this rank's share under torchrun (--target-placement tp: its group's part)
+    record = run_step(args, "capture", work)
+    for line in summary_lines(record) if record is not None else []:  # None: a TP follower
         log.info(line)
+    if record is not None:
+        log.info(timer.line(record, args.out))

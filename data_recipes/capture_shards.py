@@ -1,11 +1,12 @@
 """The shard files of a capture: `shard-NNNNN.safetensors`, each a run of rows with their offsets.
 
-    writer = ShardWriter(out, index, first_row, static_meta, torch.bfloat16)
+    writer = ShardWriter(out, index, first_row, static_meta, Storage.of("bfloat16", num_aux, hidden))
     writer.add(row_index, row_id, input_ids, loss_mask, {"aux_hidden": ..., "last_hidden": ...})
     meta = writer.flush(end_row)                 # written atomically; the metadata names its rows
     kept = scan_shards(out, inputs_hash)         # the complete shards of this capture, for a resume
 
-data_recipes/capture.py writes them; data_recipes/capture_reader.py reads them.
+data_recipes/capture.py writes them; data_recipes/capture_reader.py reads them; how the hidden states
+are stored (a dtype, or fp8 values plus `NAME_scale` tensors) is data_recipes/capture_storage.py's.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.data_recipes.capture_reader import TOKEN_TENSORS
+from draftsmith.data_recipes.capture_storage import Storage
 from draftsmith.data_recipes.common import atomic_save_file
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 log = logging.getLogger("draftsmith.data_recipes.capture")
 
@@ -74,13 +75,14 @@ def scan_shards(out: Path, inputs_hash: str, first_row: int = 0) -> list[dict]:
 
 
 class ShardWriter:
-    def __init__(self, out: Path, index: int, first_row: int, static_meta: dict, storage: torch.dtype):
+    def __init__(self, out: Path, index: int, first_row: int, static_meta: dict, storage: Storage):
         self.out, self.index, self.first_row = out, index, first_row
         self.static_meta, self.storage = static_meta, storage
         self._reset()
 
     def _reset(self) -> None:
-        self.parts: dict[str, list[torch.Tensor]] = {name: [] for name in TOKEN_TENSORS}
+        names = ["input_ids", "loss_mask", *self.storage.tensor_names()]
+        self.parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
         self.lengths: list[int] = []
         self.row_index: list[int] = []
         self.ids: list[str] = []
@@ -90,10 +92,16 @@ class ShardWriter:
         return sum(self.lengths)
 
     def add(self, row_index: int, row_id: str, input_ids, loss_mask, tensors: dict) -> None:
+        stored = {}
+        for name in ("aux_hidden", "last_hidden"):
+            try:
+                stored |= self.storage.encode(name, tensors[name])
+            except ValueError as err:  # non-finite: stop here, naming the row
+                raise DraftsmithError(f"capture: row {row_index} ({row_id}): {err}") from None
         self.parts["input_ids"].append(torch.tensor(input_ids, dtype=torch.int32))
         self.parts["loss_mask"].append(torch.tensor(loss_mask, dtype=torch.int8))
-        for name in ("aux_hidden", "last_hidden"):
-            self.parts[name].append(tensors[name].to(device="cpu", dtype=self.storage))
+        for name, tensor in stored.items():
+            self.parts[name].append(tensor)
         self.lengths.append(len(input_ids))
         self.row_index.append(row_index)
         self.ids.append(row_id)

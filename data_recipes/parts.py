@@ -129,7 +129,8 @@ def merged_record(folder: Path, field_name: str, steps: tuple[str, ...]) -> dict
         if not same_part or base_hash(record) != base_hash(first):
             raise BadInputError(
                 field_name,
-                f"{paths[k]} (made with other inputs than {part_name(0, count)})",
+                f"{paths[k]} (made with other inputs than {part_name(0, count)}"
+                f"{_differences(record, first)})",
                 "parts of one run (same data, target and options)",
                 f"make it again: {_command(record, k) or 'the same command with --shard-index ' + str(k)}",
             )
@@ -142,6 +143,20 @@ def merged_record(folder: Path, field_name: str, steps: tuple[str, ...]) -> dict
         "summary": _merge_summaries([r.get("summary") for _, r in ordered]),
         "parts": [name for name, _ in ordered],
     }
+
+
+def _differences(record: dict, first: dict) -> str:
+    """': storage_dtype 'fp8' here, 'float32' there; ...' for the inputs two parts disagree on (a target's
+    fingerprint by its keys: target, tokenizer_hash, ...), '' when only the part identity differs."""
+    here, there = base_inputs(record), base_inputs(first)
+    if isinstance(here.get("fingerprint"), dict) and isinstance(there.get("fingerprint"), dict):
+        here = {**here, **{f"target {k}": v for k, v in here.pop("fingerprint").items()}}
+        there = {**there, **{f"target {k}": v for k, v in there.pop("fingerprint").items()}}
+    keys = [key for key in {**there, **here} if here.get(key) != there.get(key)]
+    return "".join(
+        f"{'; ' if i else ': '}{key} {here.get(key)!r} here, {there.get(key)!r} there"
+        for i, key in enumerate(keys)
+    )
 
 
 def whole_done(folder: str | Path, inputs_hash: str, step: str) -> dict | None:

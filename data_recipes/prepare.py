@@ -334,13 +334,14 @@ def prepare(
             target.max_context,
         )
     summary = Summary()
-    bar = tqdm(desc="prepare", unit="conv", disable=not progress)
+    # kept rows against --max-samples (the ETA; a streamed source's length is unknown), rows read beside
+    bar = tqdm(desc="prepare", unit="conv", total=max_samples, disable=not progress)
 
     def counted(convs):
         for conv in convs:
             yield conv
-            bar.update(summary.read - bar.n)
-            bar.set_postfix(kept=summary.kept, refresh=False)
+            bar.update(summary.kept - bar.n)
+            bar.set_postfix(read=summary.read, refresh=False)
 
     try:
         rows = encode_rows(
@@ -352,7 +353,7 @@ def prepare(
             limit=max_samples,
         )
     finally:
-        bar.update(summary.read - bar.n)
+        bar.update(summary.kept - bar.n)
         bar.close()
     splits: dict[str, list[dict]] = {name: [] for name in SPLITS}
     for row in rows:
@@ -382,8 +383,10 @@ def summary_lines(done: dict) -> list[str]:
 
 
 def run_from_args(args) -> None:
+    from draftsmith.data_recipes.step_summary import StepTimer
     from draftsmith.runtime.target import Target
 
+    timer = StepTimer()
     _check_options(args.max_samples, args.max_length, args.validation_fraction, args.seed)
     validate_source(args.source)  # fail before the target loads
     check_out_folder(Path(args.out))
@@ -401,3 +404,4 @@ def run_from_args(args) -> None:
     log.info("prepared %s from %s:", args.out, args.source)
     for line in summary_lines(done):
         log.info("%s", line)
+    log.info(timer.line(done, args.out))

@@ -233,23 +233,33 @@ def _part_command(target, data_dir, out, params, max_new_tokens, seed, batch_siz
 
 
 def run_from_args(args) -> None:
-    from draftsmith.runtime.target import Target
+    from draftsmith.data_recipes.step_summary import StepTimer
+    from draftsmith.data_recipes.tp_steps import run_step
 
+    timer = StepTimer()
     check_shard_args(args.num_shards, args.shard_index)  # before loading the target
-    target = Target.load(args.target, device=args.device, dtype=args.dtype)
     params = SamplingParams(args.temperature, args.top_p, args.top_k)
-    done = regenerate(
-        target,
-        args.data,
-        args.out,
-        params,
-        args.max_new_tokens,
-        args.seed,
-        args.batch_size,
-        num_shards=args.num_shards,
-        shard_index=args.shard_index,
-    )
+
+    def work(target, num_shards: int, shard_index: int) -> dict:
+        return regenerate(
+            target,
+            args.data,
+            args.out,
+            params,
+            args.max_new_tokens,
+            args.seed,
+            args.batch_size,
+            num_shards=num_shards,
+            shard_index=shard_index,
+        )
+
+    # one process, or this rank's share under torchrun (--target-placement tp: its group's part; the
+    # group's rank 0 samples, the others run each forward with it)
+    done = run_step(args, "regenerate", work)
+    if done is None:  # a TP follower: its leader logs
+        return
     summary = done.get("summary") or {}
     shard = done["inputs"].get("shard")
     where = f"{args.out} (part {shard['index']} of {shard['count']})" if shard else args.out
     log.info("regenerated into %s: %s", where, json.dumps(summary))
+    log.info(timer.line(done, args.out))

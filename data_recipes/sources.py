@@ -47,6 +47,9 @@ SOURCE_HELP = (
     "sharegpt, a local .json/.jsonl/.parquet file of conversations, prompts:FILE, or a datasets name"
 )
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
+# ShareGPT conversations from this index on are held out for `bench --prompts sharegpt`
+# (runtime/prompt_sets.py); training reads from the start (train/data_steps.py warns past it).
+SHAREGPT_HELD_OUT_START = 15000
 
 SHAREGPT_ROLES = {
     "human": "user",

@@ -53,21 +53,29 @@ DATA_STEPS = ("prepare", "regenerate")
 
 # ---- counting ------------------------------------------------------------------------------------------
 def count_supervised(
-    dataset, vocab_size: int, split: str = "train", batch_rows: int = 4096, summary: Summary | None = None
+    dataset,
+    vocab_size: int,
+    split: str = "train",
+    batch_rows: int = 4096,
+    summary: Summary | None = None,
+    progress: bool = False,
 ) -> np.ndarray:
     """Counts [vocab_size] int64 of the tokens under loss_mask == 1 in `split` (a DatasetDict) or a Dataset.
 
     Streams Arrow batches, so memory stays bounded on large corpora. Bad rows are errors naming --data:
     input_ids/loss_mask of different lengths, ids outside [0, vocab_size), mask values other than 0/1.
-    `summary` (optional) gets rows read, kept, and dropped for having no supervised token."""
+    `summary` (optional) gets rows read, kept, and dropped for having no supervised token; `progress`
+    shows a bar of rows counted."""
     if not hasattr(dataset, "features"):  # a DatasetDict
         if split not in dataset:
             raise BadInputError("--data", f"splits {sorted(dataset)}", f"a {split!r} split")
         dataset = dataset[split]
     import pyarrow.compute as pc
+    from tqdm.auto import tqdm
 
     counts = np.zeros(vocab_size, dtype=np.int64)
     start = 0
+    bar = tqdm(total=len(dataset), desc="vocab", unit="row", unit_scale=True, disable=not progress)
     for table in dataset.select_columns(["input_ids", "loss_mask"]).with_format("arrow").iter(batch_rows):
         ids_col, mask_col = table.column("input_ids"), table.column("loss_mask")
         lengths = pc.list_value_length(ids_col).to_numpy(zero_copy_only=False)
@@ -96,6 +104,8 @@ def count_supervised(
             if (supervised == 0).any():
                 summary.dropped["no supervised tokens"] += int((supervised == 0).sum())
         start += len(lengths)
+        bar.update(len(lengths))
+    bar.close()
     return counts
 
 
@@ -193,7 +203,7 @@ def load_draft_vocab(
 
 
 def write_draft_vocab(
-    data_dir: str | Path, out: str | Path, draft_vocab_size: int, split: str = "train"
+    data_dir: str | Path, out: str | Path, draft_vocab_size: int, split: str = "train", progress: bool = True
 ) -> dict:
     """The `data vocab` step: count, build, validate, write. Returns the step record (a no-op if done)."""
     data_dir, out = Path(data_dir), Path(out)
@@ -221,7 +231,7 @@ def write_draft_vocab(
     if done is not None:  # a finished map with other inputs: it is being replaced
         (out / RECORD_FILE).unlink()
     summary = Summary()
-    counts = count_supervised(load_prepared(data_dir), vocab_size, split, summary=summary)
+    counts = count_supervised(load_prepared(data_dir), vocab_size, split, summary=summary, progress=progress)
     total = int(counts.sum())
     if total == 0:
         raise BadInputError("--data", f"no supervised tokens in the {split} split", "loss_mask 1 somewhere")
@@ -252,6 +262,9 @@ def summary_line(record: dict) -> str:
 
 
 def run_from_args(args: argparse.Namespace) -> None:
+    from draftsmith.data_recipes.step_summary import StepTimer
+
+    timer = StepTimer()
     record = write_draft_vocab(args.data, args.out, args.draft_vocab_size)
     log.info(summary_line(record))
     rows = record.get("summary") or {}
@@ -263,3 +276,4 @@ def run_from_args(args: argparse.Namespace) -> None:
             "a smaller draft vocab would lose nothing"
         )
     log.info("vocab: wrote %s", Path(args.out) / VOCAB_FILE)
+    log.info(timer.line(record, args.out))

@@ -20,12 +20,18 @@ def add_data(sub) -> None:
             "Data recipes for head training. Each step writes a folder with a draftsmith_data.json record\n"
             "(inputs hash, target/tokenizer/template hashes, summary of kept and dropped rows); re-running\n"
             "a step with the same inputs is a no-op, a killed step resumes. regenerate and capture take\n"
-            "--num-shards N --shard-index K (one process or machine per part; the parts read as one).\n\n"
+            "--num-shards N --shard-index K (one process or machine per part; the parts read as one). Under\n"
+            "torchrun they take --target-placement tp --tp-size N: the target split over N processes, each\n"
+            'group of N making one part (README, "Targets larger than one GPU").\n\n'
             "examples:\n"
             "  draftsmith data prepare --source sharegpt --out data/sg --max-samples 1000 --max-length 1024\n"
             "  draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8\n"
             "  draftsmith data capture --data data/sg-regen --out data/sg-hidden --dtype bfloat16\n"
             "  draftsmith data capture --data data/sg-regen --out data/sg-h --num-shards 4 --shard-index 0\n"
+            "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data capture --target-placement tp \\\n"
+            "      --tp-size 8 --target meta-llama/Llama-3.3-70B-Instruct --data data/sg-regen --out data/h\n"
+            "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data regenerate --target T \\\n"
+            "      --target-placement tp --tp-size 4 --data data/sg --out data/sg-regen  # 2 parts\n"
             "  draftsmith data vocab --data data/sg-regen --draft-vocab-size 8192 --out data/sg-vocab"
         ),
     )
@@ -76,6 +82,8 @@ def add_data(sub) -> None:
     regen.add_argument("--seed", type=int_arg("--seed"), default=0)
     regen.add_argument("--batch-size", type=int_arg("--batch-size"), default=8)
     add_shard_args(regen, "conversations")
+    add_placement_args(regen)
+    add_engine_args(regen)
     regen.set_defaults(run=_run_data("regenerate"))
 
     cap = steps.add_parser(
@@ -93,10 +101,22 @@ def add_data(sub) -> None:
         help="comma-separated ids of decoder-layer outputs, 0-based (id i = transformers hidden_states[i+1], "
         "SGLang/SpecForge convention; vLLM/speculators call it i+1); auto = 1, L//2-1, L-4",
     )
-    cap.add_argument("--storage-dtype", default="bfloat16", help="bfloat16, float16 or float32")
+    cap.add_argument(
+        "--storage-dtype",
+        default="bfloat16",
+        help="bfloat16, float16, float32, or fp8: the aux states as float8_e4m3fn with per-token scales "
+        "(about 0.6x the bytes of bfloat16; the last hidden state stays bfloat16)",
+    )
+    cap.add_argument(
+        "--fp8-last-hidden",
+        action="store_true",
+        help="with --storage-dtype fp8: store the last hidden state (the target's logits) in fp8 too",
+    )
     cap.add_argument("--split", default="train", help="train, validation or all")
     cap.add_argument("--shard-tokens", type=int_arg("--shard-tokens"), default=65536, help="tokens per shard")
     add_shard_args(cap, "rows (about equal tokens)")
+    add_placement_args(cap)
+    add_engine_args(cap)
     cap.set_defaults(run=_run_data("capture"))
 
     voc = steps.add_parser(
@@ -123,11 +143,65 @@ def add_shard_args(p: argparse.ArgumentParser, unit: str) -> None:
     )
 
 
+def add_placement_args(p: argparse.ArgumentParser) -> None:
+    """Where the target lives when torchrun (or accelerate launch) starts the step on several processes
+    (draftsmith.data_recipes.tp_steps)."""
+    p.add_argument(
+        "--target-placement",
+        default="replicate",
+        help="under torchrun: replicate (the target whole on every process, part RANK of WORLD each) or tp "
+        "(each layer split over the --tp-size processes of a group; a group's rank 0 writes its part)",
+    )
+    p.add_argument(
+        "--tp-size",
+        type=int_arg("--tp-size"),
+        default=None,
+        help="processes per tensor-parallel group (unset: all); must divide the heads and the processes",
+    )
+    p.add_argument(
+        "--process-group-timeout-s",
+        type=int_arg("--process-group-timeout-s"),
+        default=1800,
+        help="under torchrun: how long a rank waits for the others (the process group's timeout)",
+    )
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """`--engine vllm`: the step runs on vLLM in another Python (draftsmith.data_recipes.vllm_engine)."""
+    p.add_argument(
+        "--engine",
+        choices=["draftsmith", "vllm"],
+        default="draftsmith",
+        help="draftsmith (its own engine, static batches) or vllm (continuous batching / vLLM's hidden-state "
+        "extraction, run by --vllm-python; `bash scripts/vllm_env.sh` builds .venv-vllm)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="with --engine vllm: a Python that has vLLM (default $DRAFTSMITH_VLLM_PYTHON, else "
+        "./.venv-vllm/bin/python)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int_arg("--tensor-parallel-size"),
+        default=1,
+        help="with --engine vllm: vLLM's tensor parallelism (must divide the attention heads)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int_arg("--max-num-seqs"),
+        default=32,
+        help="with --engine vllm: requests vLLM runs at once (its continuous batch)",
+    )
+
+
 def _run_data(step: str):
     def run(args: argparse.Namespace) -> None:
         import importlib
 
-        module = importlib.import_module(f"draftsmith.data_recipes.{step}")
+        # --engine vllm: the step on vLLM in its own Python (data_recipes/vllm_regenerate.py, vllm_capture.py)
+        name = f"vllm_{step}" if getattr(args, "engine", "draftsmith") == "vllm" else step
+        module = importlib.import_module(f"draftsmith.data_recipes.{name}")
         module.run_from_args(args)
 
     return run

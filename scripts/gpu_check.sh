@@ -28,9 +28,12 @@ mkdir -p "$OUT"
 # GPU_CHECK_DRY_RUN=1: every step on this machine's CPU with tiny shapes and no head, to check the script
 # itself before a lease is spent on it (the gpu-marked tests skip without CUDA)
 MEASURE_ARGS=() ATTENTION_ARGS=()
+TTT_ARGS=(--device cuda --shape llama-8b --batch 1 --steps 7 --paths before,after --repeats 2)
+TTT_LENGTHS="2048 8192"
 if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
   MEASURE_ARGS=(--small --device cpu)
   ATTENTION_ARGS=(--device cpu --context 256 --batches 1 --nodes 1,16 --rounds 1 --calls 1)
+  TTT_ARGS=(--device cpu --steps 2 --paths before,after --repeats 1) TTT_LENGTHS="64"
 fi
 export PYTHONUNBUFFERED=1
 WHEELS=$(ls .whl/*.whl .gpu_carry/b/whl/*.whl 2>/dev/null)
@@ -71,3 +74,10 @@ step 330 "measurements" python3 scripts/gpu_measure.py --out "$OUT/measure.json"
   $([ -n "$HEAD" ] && [ -d "$HEAD" ] && echo --head "$HEAD") "${MEASURE_ARGS[@]}" \
   2>&1 | tee "$OUT/measure.log"
 step 120 "attention bench" python3 scripts/attention_bench.py --out "$OUT/attention.json" "${ATTENTION_ARGS[@]}" 2>&1 | tee "$OUT/attention.log"
+# the EAGLE-3 TTT step at Llama-3.1-8B's shape (random weights, no download), dense mask + full logits
+# ("before") against today's decomposed attention + chunked logits, K = 7, T = 2k and 8k: tokens/s and
+# peak memory (issue 21)
+for T in $TTT_LENGTHS; do
+  step 60 "ttt step T=$T" python3 scripts/ttt_step_bench.py "${TTT_ARGS[@]}" --length "$T" \
+    --out "$OUT/ttt_step_$T.json" 2>&1 | tee "$OUT/ttt_step_$T.log"
+done
