@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 
 def content_hash(value) -> str:
@@ -206,3 +206,21 @@ def _hash_parts(parts: list[torch.Tensor]) -> str:
     for t in parts:
         digest.update(t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
     return digest.hexdigest()
+
+
+def parameter_summary(tensors: dict[str, torch.Tensor]) -> str:
+    """The floating-point tensors' size and dtypes, e.g. "12.6M parameters, float32" (a model card's line)."""
+    floats = [t for t in tensors.values() if t.is_floating_point()]
+    count = sum(t.numel() for t in floats)
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in floats})
+    return f"{count / 1e6:.1f}M parameters, {'/'.join(dtypes)}"
+
+
+def check_round_trip(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor], what: str) -> None:
+    """Every tensor back exactly (torch.equal) under the same name: a layout lost nothing."""
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    if missing or extra:
+        raise DraftsmithError(f"{what}: round trip lost {missing[:5]} / added {extra[:5]}")
+    for name in expected:
+        if not torch.equal(expected[name].cpu(), got[name].cpu()):
+            raise DraftsmithError(f"{what}: tensor {name} changed in the round trip")

@@ -20,7 +20,7 @@ import torch
 
 from draftsmith import kernels
 from draftsmith.runtime.acceptance import Verdict, sanitize
-from draftsmith.runtime.drafting import Draft
+from draftsmith.runtime.drafter import Draft
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
 
 

@@ -26,34 +26,13 @@ import time
 
 import torch
 
-from draftsmith.runtime.bench_types import BASELINE_KINDS, BatchOutput, SpecCounters, is_baseline
+from draftsmith.runtime.bench_types import BASELINE_KINDS, BatchOutput, Method, SpecCounters, is_baseline
 from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.sampling import SamplingParams
 from draftsmith.runtime.tree import parse_tree_spec
 
 log = logging.getLogger("draftsmith")
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
 GRAPHS = "+graphs"  # suffix: the same method on the static / CUDA-graph engine path
-
-
-class Method:
-    name: str
-    max_batch: int | None = None  # None: any batch size
-
-    def unsupported(self, batch: int, params: SamplingParams) -> str | None:
-        """None if this method runs at this batch size and temperature, else why not."""
-        if self.max_batch is not None and batch > self.max_batch:
-            return f"{self.name} decodes one sequence at a time (transformers' assisted generation)"
-        return None
-
-    def run(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int, seed: int):
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        """Forget what was learned from earlier requests (a new temperature / batch-size block)."""
-
-    def close(self) -> None:
-        pass
 
 
 class DraftsmithMethod(Method):
@@ -209,11 +188,12 @@ def build_draft_method(
     spec: str, draft: str, tree: str, target, batch_sizes: list[int], static: bool = False
 ) -> Method:
     from draftsmith.runtime.drafting import build_drafter
+    from draftsmith.runtime.head_kinds import parse_tree
     from draftsmith.runtime.load_aware import parse_auto
     from draftsmith.runtime.tree import chain
 
     depth = parse_auto(tree)
-    drafter = build_drafter(draft, target, chain(depth) if depth else parse_tree_spec(tree))
+    drafter = build_drafter(draft, target, chain(depth) if depth else parse_tree(draft, tree))
     if drafter is None:
         raise BadInputError("--draft", draft, "a draft (plain decoding is the `plain` baseline)")
     return DraftsmithMethod(spec, target, batch_sizes, drafter=drafter, max_depth=depth, static=static)

@@ -18,6 +18,10 @@ Counting conventions (the same for every method, so rows compare):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from draftsmith.runtime.sampling import SamplingParams
 
 
 @dataclass
@@ -90,3 +94,26 @@ def is_baseline(name: str) -> bool:
     kind, _, arg = name.partition(":")
     plain_kinds = ("plain", "plain+graphs", "hf", "hf-prompt-lookup", "vllm")
     return name in plain_kinds or (kind in ("hf-assisted", "vllm-eagle3") and bool(arg))
+
+
+class Method:
+    """A bench method: decodes a batch of token-id prompts (runtime/bench_methods.py builds them;
+    runtime/vllm_method.py is one)."""
+
+    name: str
+    max_batch: int | None = None  # None: any batch size
+
+    def unsupported(self, batch: int, params: SamplingParams) -> str | None:
+        """None if this method runs at this batch size and temperature, else why not."""
+        if self.max_batch is not None and batch > self.max_batch:
+            return f"{self.name} decodes one sequence at a time (transformers' assisted generation)"
+        return None
+
+    def run(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int, seed: int):
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget what was learned from earlier requests (a new temperature / batch-size block)."""
+
+    def close(self) -> None:
+        pass

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -99,16 +100,17 @@ def add_generate(sub) -> None:
 def run_generate(args: argparse.Namespace) -> None:
     from draftsmith.runtime.drafting import build_drafter
     from draftsmith.runtime.engine import accept_rates, generate_plain
+    from draftsmith.runtime.head_kinds import parse_tree
     from draftsmith.runtime.load_aware import LoadAwareDepth, measure_verify_costs, parse_auto
     from draftsmith.runtime.prompts import read_prompts_file
     from draftsmith.runtime.sampling import SamplingParams
     from draftsmith.runtime.speculative import generate_speculative
     from draftsmith.runtime.target import Target
-    from draftsmith.runtime.tree import chain, parse_tree_spec
+    from draftsmith.runtime.tree import chain
 
     auto_depth = parse_auto(args.tree or "")  # auto:K: load-aware chain depth per cycle
-    # no --tree: build_drafter picks the default that fits the drafter
-    tree = chain(auto_depth) if auto_depth else parse_tree_spec(args.tree) if args.tree else None
+    # no --tree: build_drafter picks the default that fits the drafter; a kind may read trees of its own
+    tree = chain(auto_depth) if auto_depth else parse_tree(args.draft, args.tree) if args.tree else None
     params = SamplingParams(args.temperature, args.top_p, args.top_k).validate()
     if args.max_new_tokens < 1:
         raise BadInputError("--max-new-tokens", args.max_new_tokens, "an integer >= 1")
@@ -319,4 +321,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun (data capture|regenerate on a TP group):
+        sys.stdout.flush()  # gloo may abort in a subgroup's destructor at interpreter exit, after the
+        sys.stderr.flush()  # work is done (as train/__main__.py, which leaves the same way)
+        os._exit(code)
+    sys.exit(code)

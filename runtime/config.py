@@ -6,6 +6,7 @@
 Unknown keys and values of the wrong type are `BadInputError`s naming the dotted key. Values are coerced
 by annotation because PyYAML is YAML 1.1: `lr: 1e-4` loads as the string '1e-4' and must become a float.
 Supported field types: int, float, bool, str, Path, Literal, X | None, list[X], tuple[X, ...], dataclasses.
+A field whose metadata has `section=f` is the dataclass `f(value, dotted_key)` picks for its value.
 """
 
 from __future__ import annotations
@@ -82,7 +83,12 @@ def from_dict(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f"did you mean '{prefix}{close[0]}'?" if close else None
             raise BadInputError(f"{prefix}{key}", data[key], f"one of the keys {sorted(fields)}", hint)
-    kwargs = {key: _coerce(hints[key], value, f"{prefix}{key}") for key, value in data.items()}
+    kwargs = {}
+    for key, value in data.items():
+        # a section whose class depends on its contents (a train config's `head:` by its `type`)
+        select = fields[key].metadata.get("section")
+        tp = select(value, f"{prefix}{key}") if select else hints[key]
+        kwargs[key] = _coerce(tp, value, f"{prefix}{key}")
     try:
         obj = cls(**kwargs)
     except TypeError as err:  # a required field is missing

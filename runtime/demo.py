@@ -76,12 +76,22 @@ class DemoConfig:
         for method in self.methods:
             if not is_baseline(method) and "@" not in method:
                 raise BadInputError("methods", method, "a bench baseline (hf, ...) or DRAFT@TREE")
-        from draftsmith.train.export import FORMATS
+        kind = self.head_kind()
+        for fmt in self.export_formats:  # refused now, not after the training run
+            if fmt not in kind.all_layouts():
+                fits = list(kind.all_layouts())
+                raise BadInputError("export_formats", fmt, f"formats for a {kind.name} head: {fits}")
 
-        for fmt in self.export_formats:
-            if fmt not in FORMATS or "eagle3" not in FORMATS[fmt]:
-                eagle3 = [f for f, kinds in FORMATS.items() if "eagle3" in kinds]
-                raise BadInputError("export_formats", fmt, f"formats for an EAGLE-3 head: {eagle3}")
+    def head_kind(self):
+        """The kind of head the train config (with its overrides) trains, read from the YAML alone."""
+        from draftsmith.runtime import head_kinds
+        from draftsmith.runtime.config import apply_override, read_yaml
+
+        data = read_yaml(train_config_path(self.train_config))
+        for item in self.train_overrides:
+            apply_override(data, item)
+        head = data.get("head") if isinstance(data.get("head"), dict) else {}
+        return head_kinds.get(head.get("type", head_kinds.DEFAULT_KIND), "train_config head.type")
 
 
 def default_config_path() -> Path:

@@ -303,6 +303,15 @@ class Eagle3Head(nn.Module):
         index = (self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)).expand_as(draft)
         return full.scatter(-1, index, draft)
 
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, target=None) -> Eagle3Head:
+        """transformers' name for `load_head`: our folder, strict, checked against `target` when given
+        (the official and speculators layouts: runtime/layouts.load_eagle3)."""
+        return load_head(folder, target)
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        save_head(self, folder)
+
 
 # ---- files --------------------------------------------------------------------------------------------
 def save_head(head: Eagle3Head, folder: str | Path) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.runtime.drafting import Drafter, to_device
+from draftsmith.runtime.drafter import Drafter, to_device
 from draftsmith.runtime.eagle3 import Eagle3Head
 from draftsmith.runtime.lm_drafter import Level, LMDrafter
 from draftsmith.runtime.static_draft import eagle3_steps

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.runtime.draft_tree import CycleTree
-from draftsmith.runtime.drafting import Draft, Drafter, to_device
+from draftsmith.runtime.drafter import Draft, Drafter, to_device
 from draftsmith.runtime.errors import BadInputError, renamed_fields
 from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
 from draftsmith.runtime.static_draft import lm_steps

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.runtime.drafting import Drafter, to_device
+from draftsmith.runtime.drafter import Drafter, to_device
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.lm_drafter import Level, LMDrafter
 from draftsmith.runtime.mtp import MtpHead

@@ -20,7 +20,7 @@ from dataclasses import asdict
 import torch
 
 from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.mtp import MtpConfig
+from draftsmith.runtime.mtp_config import MtpConfig
 
 PROVENANCE_KEY = "draftsmith_mtp"  # our MtpConfig, so the identity checks survive the round trip
 SHARED = ("embed_tokens.weight", "shared_head.head.weight")  # per-module copies of the target's tensors

@@ -14,7 +14,7 @@ Static trees of other shapes need per-node alternatives n-gram lookup does not r
 
 from __future__ import annotations
 
-from draftsmith.runtime.drafting import Draft, Drafter, root_only
+from draftsmith.runtime.drafter import Draft, Drafter, root_only
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.tree import DynamicTree, Tree, TreeSpec
 

@@ -12,9 +12,9 @@ and `turns` (a list of user messages); turn k is asked after the model's own ans
 MT-bench does (the bench builds that conversation per method). `load_prompt_set` keeps first turns only.
 
 The bundled ShareGPT file holds 17,671 complete conversations. Training recipes read from the start
-(`data.max_samples`, at most SHAREGPT_HELD_OUT_START is supported for held-out claims); the held-out
-slice is the conversations from index SHAREGPT_HELD_OUT_START on, so a benchmark prompt was never seen
-in training. HumanEval is refused as a training source (data_recipes.sources).
+(`data.max_samples`, at most SHAREGPT_HELD_OUT_START, in data_recipes.sources, for held-out claims); the
+held-out slice is the conversations from index SHAREGPT_HELD_OUT_START on, so a benchmark prompt was
+never seen in training. HumanEval is refused as a training source (data_recipes.sources).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 
 from draftsmith.runtime.errors import BadInputError, read_text
 
-SHAREGPT_HELD_OUT_START = 15000
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"
 )
@@ -109,7 +108,7 @@ def read_question_file(path: str) -> list[BenchPrompt]:
 def sharegpt_held_out(num_prompts: int) -> list[str]:
     """First user turns of conversations SHAREGPT_HELD_OUT_START, +1, ... (skipping empty/too-long ones)."""
     from draftsmith.data_recipes.common import Summary
-    from draftsmith.data_recipes.sources import iter_raw_rows, normalize
+    from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START, iter_raw_rows, normalize
 
     prompts: list[str] = []
     rows = itertools.islice(iter_raw_rows("sharegpt"), SHAREGPT_HELD_OUT_START, None)

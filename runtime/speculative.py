@@ -28,7 +28,7 @@ import torch
 
 from draftsmith.runtime.acceptance import Verdict
 from draftsmith.runtime.batch_accept import accept_batch
-from draftsmith.runtime.drafting import Draft, Drafter, root_only
+from draftsmith.runtime.drafter import Draft, Drafter, root_only
 from draftsmith.runtime.engine import GenerationResult, batches, prefill_features, stop_reason, token_budgets
 from draftsmith.runtime.kv_cache import KVCache
 from draftsmith.runtime.load_aware import LoadAwareDepth

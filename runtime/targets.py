@@ -229,3 +229,18 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def local_target_folder(name: str) -> Path | None:
+    """A target's folder on this machine: a path, the embedded alias's cache, or a Hub id already in the
+    Hub cache. Never downloads (an export must not depend on the network); None when it is not here."""
+    alias = next((a for a, emb in ALIASES.items() if emb.hub_name == name), None)
+    if alias or Path(name).expanduser().is_dir():
+        return resolve_target(alias or name).path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not cached (or not a repo id): the caller says what is missing
+        log.warning("export: the target %s is not on this machine", name)
+        return None

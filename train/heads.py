@@ -1,6 +1,7 @@
-"""What the training loop needs to know about each head type, in one place: `HEAD_KINDS[cfg.head.type]`.
+"""The training objectives of the EAGLE-3 and MTP kinds: what the loop needs per head kind
+(train/objectives.py registers them by kind name).
 
-    kind = HEAD_KINDS["mtp"](cfg, target, aux_layers, paths)
+    kind = objective(cfg.head.type)(cfg, target, aux_layers, paths)
     kind.model          # the nn.Module Accelerate prepares: forward(**kind.batch(rows, device)) ->
                         #   (loss, correct [D], counted [D]) with D = kind.depth accuracy slots
     kind.save_final(state_dict, folder)   # the head a `--draft` spec loads (and a co-trained target)
@@ -8,7 +9,9 @@
 EAGLE-3: the training-time test over `train.ttt_steps` steps (`eagle3_objective`). MTP: `head.num_modules`
 modules (`mtp_objective`), the target frozen or co-trained (`cotrain`). The target's embedding (and, for
 MTP, its LM head) are used by the objectives but belong to the model only when the target co-trains, so
-DDP and DeepSpeed never see frozen weights.
+DDP and DeepSpeed never see frozen weights. Each class also states what the memory preflight reads
+(train/preflight.py): `label`, `steps_label`, `ttt` (the training-time-test unroll: its attention,
+checkpointing and aux-layer knobs apply), `steps(cfg)` and `new_head(...)` (the head it trains).
 """
 
 from __future__ import annotations
@@ -56,18 +59,10 @@ class TTTModel(nn.Module):
 
 def build_eagle3_head(cfg, target, aux_layers, vocab_dir):
     from draftsmith.data_recipes.vocab import load_draft_vocab
-    from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
 
-    config = Eagle3Config.for_target(
-        target,
-        aux_layers,
-        cfg.head.draft_vocab_size,
-        fc_norm=cfg.head.fc_norm,
-        norm_before_fc=cfg.head.norm_before_fc,
-        num_layers=cfg.head.num_layers,
-        norm_output=cfg.head.norm_output,
+    head = Eagle3Kind.new_head(
+        target, aux_layers, cfg.head.draft_vocab_size, cfg.train.ttt_steps, False, cfg.head.head_options()
     )
-    head = Eagle3Head(config)
     d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, cfg.head.draft_vocab_size)
     ids = d2t + torch.arange(len(d2t))
     head.set_draft_vocab(ids)
@@ -91,6 +86,21 @@ def make_batch(target, rows, aux_layers, device) -> dict:
 
 
 class Eagle3Kind:
+    kind, label, steps_label, ttt = "eagle3", "EAGLE-3", "K={}", True
+
+    @staticmethod
+    def steps(cfg) -> int:
+        return cfg.train.ttt_steps
+
+    @staticmethod
+    def new_head(
+        target, aux_layers, draft_vocab: int, steps: int, cotrained: bool, options: dict
+    ) -> nn.Module:
+        """The head this objective trains, for `target` (a Target, or preflight's config-only stand-in)."""
+        from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
+
+        return Eagle3Head(Eagle3Config.for_target(target, aux_layers, draft_vocab, **options))
+
     def __init__(self, cfg, target, aux_layers, paths):
         self.target, self.aux = target, aux_layers
         self.head = build_eagle3_head(cfg, target, aux_layers, paths.vocab)
@@ -160,20 +170,33 @@ def mtp_batch(rows: list[dict], device, dtype) -> dict:
 
 
 class MtpKind:
-    def __init__(self, cfg, target, aux_layers, paths):
+    kind, label, steps_label, ttt = "mtp", "MTP", "M={} modules", False
+
+    @staticmethod
+    def steps(cfg) -> int:
+        return cfg.head.num_modules
+
+    @staticmethod
+    def new_head(
+        target, aux_layers, draft_vocab: int, steps: int, cotrained: bool, options: dict
+    ) -> nn.Module:
         from draftsmith.runtime.mtp import MtpConfig, MtpHead
+
+        return MtpHead(MtpConfig.for_target(target, steps, cotrained=cotrained, **options))
+
+    def __init__(self, cfg, target, aux_layers, paths):
         from draftsmith.train.cotrain import make_trainable
 
         self.target, self.cfg = target, cfg
         cotrain = cfg.cotrain.enabled
-        config = MtpConfig.for_target(
+        self.head = self.new_head(
             target,
+            aux_layers,
+            cfg.head.draft_vocab_size,
             cfg.head.num_modules,
-            cotrained=cotrain,
-            feature=cfg.head.mtp_feature,
-            mask_first_position=cfg.head.mtp_mask_first_position,
+            cotrain,
+            cfg.head.head_options(),
         )
-        self.head = MtpHead(config)
         if cfg.head.init_from_target:  # before LoRA wraps the target's layers (a strict copy of the last)
             self.head.init_from_target(target)
         self.peft_model = make_trainable(target, cfg.cotrain) if cotrain else None
@@ -200,6 +223,3 @@ class MtpKind:
             head.config.target_weights_hash = weights_hash(merged)
             head.config.target = str(Path(folder) / "target")
         save_head(head, folder)
-
-
-HEAD_KINDS = {"eagle3": Eagle3Kind, "mtp": MtpKind}

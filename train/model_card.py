@@ -3,6 +3,8 @@ measured (with the command that measured it) and how to serve it.
 
     card = model_card(CardFacts(format="eagle3", head_type="eagle3", target="HuggingFaceTB/...", ...))
 
+A kind's words (its title) and each layout's serve text come from the registry (runtime/head_kinds.py).
+
 Every number in a card comes from a file the run or a benchmark wrote (`run_facts`, `bench_rows`,
 `vllm_check`); a card never states a figure nobody measured, it says "not measured" instead.
 """
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.runtime import head_kinds
 from draftsmith.runtime.errors import BadInputError, read_json
+from draftsmith.runtime.head_kind import ServeArgs
 
 BENCH_META = ("date", "machine", "threads", "prompt_set", "command", "versions")
 DATASETS = {"sharegpt": "anon8231489123/ShareGPT_Vicuna_unfiltered"}
@@ -23,8 +27,8 @@ DATASETS = {"sharegpt": "anon8231489123/ShareGPT_Vicuna_unfiltered"}
 
 @dataclass
 class CardFacts:
-    format: str  # draftsmith | eagle3 | speculators | mtp
-    head_type: str  # eagle3 | mtp
+    format: str  # an export layout of the head's kind (draftsmith, eagle3, speculators, mtp, ...)
+    head_type: str  # the head kind (runtime/head_kinds.py)
     target: str
     repo_id: str | None = None  # where it is (or will be) published; the serve commands use it
     license: str = "other"
@@ -81,10 +85,9 @@ def bench_rows(path: Path | None, head_dir: Path) -> tuple[list[dict], dict]:
 
 
 def _measures(method: str, head_dir: Path) -> bool:
-    spec = method.split("@")[0]
-    kind, _, folder = spec.partition(":")
-    folder = folder.split("#")[0]
-    return kind in ("eagle3", "mtp") and bool(folder) and Path(folder).resolve() == head_dir.resolve()
+    found = head_kinds.draft_kind(method.split("@")[0])
+    folder = found[1].split("#")[0] if found else ""
+    return bool(folder) and Path(folder).resolve() == head_dir.resolve()
 
 
 def model_card(facts: CardFacts) -> str:
@@ -110,7 +113,7 @@ def model_card(facts: CardFacts) -> str:
 
 
 def _title(facts: CardFacts) -> str:
-    kind = "EAGLE-3 draft head" if facts.head_type == "eagle3" else "MTP modules"
+    kind = head_kinds.get(facts.head_type, "head_type").title
     return f"{kind} for {facts.target} ({facts.format} layout)"
 
 
@@ -208,54 +211,15 @@ def _vllm_lines(summary: dict) -> str:
 
 
 def _serving(facts: CardFacts) -> str:
-    repo = facts.repo_id or "PATH_TO_THIS_FOLDER"
-    target = facts.target
-    if facts.format == "mtp":
-        return (
-            "## Use\n\nThis folder is the target with the MTP modules appended as DeepSeek-style layers "
-            "(`num_nextn_predict_layers`).\n"
-            "transformers loads it as the plain target (the extra layers are unused); draftsmith drafts "
-            f"with the modules:\n\n```bash\ndraftsmith generate --target {repo} --draft mtp:{repo} "
-            '--prompt "Hello"\n```\n\nvLLM and SGLang load this layout only for DeepSeek architectures '
-            "(`DeepSeekMTP`, `DeepseekV3ForCausalLMNextN`), so they do not serve it for a Llama target.\n"
-        )
-    if facts.format == "mtp-mimo":
-        spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
-        return (
-            "## Serve\n\nThis folder is the target written as `MiMoForCausalLM` (Qwen2 with zero q/k/v "
-            "biases, which computes exactly the Llama target) with the MTP module as "
-            f"`model.mtp_layers.0`. vLLM:\n\n```bash\nvllm serve {repo} --speculative-config '{spec}'\n```\n"
-        )
-    draft = "mtp" if facts.head_type == "mtp" else "eagle3"
-    ours = f'```bash\ndraftsmith generate --target {target} --draft {draft}:{repo} --prompt "Hello"\n```\n'
-    if facts.format == "speculators":
-        return (
-            "## Serve\n\nvLLM (reads the verifier from `speculators_config`):\n\n"
-            f"```bash\nvllm serve {repo}\n```\n\ndraftsmith:\n\n{ours}"
-        )
-    if facts.format == "eagle3":
-        k = facts.speculative_tokens
-        spec = json.dumps({"method": "eagle3", "model": repo, "num_speculative_tokens": k})
-        engine_note = (
-            "The aux-layer ids in `eagle_config` are written in "
-            f"{facts.engine}'s convention; export again with `--engine {_other(facts.engine)}` for "
-            f"{_other(facts.engine)}.\n\n"
-        )
-        return (
-            "## Serve\n\n"
-            + engine_note
-            + f"SGLang:\n\n```bash\npython -m sglang.launch_server --model-path {target} "
-            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {repo} "
-            f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}\n"
-            "```\n\n"
-            f"vLLM:\n\n```bash\nvllm serve {target} --speculative-config '{spec}'\n```\n\n"
-            f"draftsmith:\n\n{ours}"
-        )
-    return (
-        f"## Use\n\ndraftsmith's own layout. Serve it with draftsmith, or export it for an engine "
-        f"(`draftsmith export {repo} --format eagle3|speculators|mtp`):\n\n{ours}"
+    """The serve section of the export's layout (each layout writes its own: runtime/*_kind.py)."""
+    kind = head_kinds.get(facts.head_type, "head_type")
+    layouts = kind.all_layouts()
+    args = ServeArgs(
+        repo=facts.repo_id or "PATH_TO_THIS_FOLDER",
+        target=facts.target,
+        kind=kind.name,
+        engine=facts.engine,
+        speculative_tokens=facts.speculative_tokens,
+        formats=tuple(name for name in layouts if name != facts.format),
     )
-
-
-def _other(engine: str | None) -> str:
-    return "vllm" if engine == "sglang" else "sglang"
+    return layouts[facts.format].serve(args)

@@ -45,15 +45,15 @@ ZERO_BUCKET, ZERO3_LIVE = 5e8, 1e9
 class Knobs:
     """The training shape a config asks for (what the estimate reads of a TrainConfig)."""
 
-    head: str  # eagle3 | mtp
+    head: str  # the head kind (head.type)
     mode: str  # online | offline
     batch: int  # B: rows per micro-batch per rank
     length: int  # T: tokens per row (data.max_length: the padded worst case)
-    steps: int  # K: TTT steps (EAGLE-3) or modules (MTP)
+    steps: int  # K: TTT steps (EAGLE-3) or modules (MTP): the objective's `steps(cfg)`
     draft_vocab: int
     aux_layers: tuple[int, ...]
-    eagle3: dict = field(default_factory=dict)  # Eagle3Config options (fc_norm, num_layers, ...)
-    mtp: dict = field(default_factory=dict)  # MtpConfig options (feature, mask_first_position)
+    options: dict = field(default_factory=dict)  # the head section's head_options() (fc_norm, feature, ...)
+    ttt: bool = True  # the objective unrolls a training-time test (EAGLE-3); else one forward per module
     labels: str = "target"  # MTP: soft (target) or hard (data) labels
     cotrain: str | None = None  # None, "lora" or "full"
     lora_rank: int = 16
@@ -67,32 +67,27 @@ class Knobs:
     def from_config(cls, cfg, shapes: TargetShapes) -> Knobs:
         """The knobs of a TrainConfig, checked against the target as the trainer checks them."""
         from draftsmith.runtime.aux_layers import resolve_aux_layers
+        from draftsmith.train.objectives import objective
 
-        h, c = cfg.head, cfg.cotrain
+        h, c, kind = cfg.head, cfg.cotrain, objective(cfg.head.type)
         try:
-            aux = tuple(resolve_aux_layers(h.aux_layers, shapes.layers)) if h.type == "eagle3" else ()
+            aux = tuple(resolve_aux_layers(h.aux_layers, shapes.layers)) if kind.ttt else ()
         except BadInputError as err:
             raise BadInputError("head.aux_layers", err.got, err.expected) from None
         if not 0 < h.draft_vocab_size <= shapes.vocab:
             expected = f"an integer in [1, {shapes.vocab}] (the target's vocabulary)"
             raise BadInputError("head.draft_vocab_size", h.draft_vocab_size, expected)
-        eagle3 = dict(
-            fc_norm=h.fc_norm,
-            norm_before_fc=h.norm_before_fc,
-            num_layers=h.num_layers,
-            norm_output=h.norm_output,
-        )
         return cls(
             head=h.type,
             mode=cfg.data.mode,
             batch=cfg.train.batch_size,
             length=cfg.data.max_length,
-            steps=cfg.train.ttt_steps if h.type == "eagle3" else h.num_modules,
+            steps=kind.steps(cfg),
             draft_vocab=h.draft_vocab_size,
             aux_layers=aux,
-            eagle3=eagle3,
-            mtp=dict(feature=h.mtp_feature, mask_first_position=h.mtp_mask_first_position),
-            labels=h.labels,
+            options=h.head_options(),
+            ttt=kind.ttt,
+            labels=getattr(h, "labels", "target"),  # a section with a labels key (MTP) says which
             cotrain=c.method if c.enabled else None,
             lora_rank=c.lora_rank,
             lora_modules=tuple(m.strip() for m in c.lora_target_modules.split(",") if m.strip()),
@@ -222,7 +217,7 @@ def estimate(shapes: TargetShapes, knobs: Knobs, setup: Setup, head_params: int 
     if head_params is None:
         head_params = head_parameters(shapes, knobs)
     terms = resident_terms(shapes, knobs, setup, head_params)
-    if knobs.head == "eagle3":
+    if knobs.ttt:
         terms += eagle3_batch_terms(shapes, knobs, setup) + eagle3_step_terms(shapes, knobs, setup)
     else:
         terms += mtp_terms(shapes, knobs, setup)
@@ -356,11 +351,11 @@ def eagle3_step_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
     the outputs its chunked soft cross-entropy reads (each chunk's logits are recomputed in backward)."""
     mode, tokens, t, b = setup.mode, k.batch * k.length, k.length, s.dtype_bytes
     a, h, vd = act_bytes(mode), s.hidden, k.draft_vocab
-    a_h, layers = len(k.aux_layers) * h, k.eagle3.get("num_layers", 1)
+    a_h, layers = len(k.aux_layers) * h, k.options.get("num_layers", 1)
     chunk = min(k.logit_chunk, tokens)
     inputs = tokens * (4 * a_h + b * h + 4 * vd + 30)  # features, last hidden, target probs [N, Vd], ids
     fuse = 0 if mode == "fp32" else 2 * a_h  # fc's half copy of the features
-    if k.eagle3.get("fc_norm") or k.eagle3.get("norm_before_fc"):
+    if k.options.get("fc_norm") or k.options.get("norm_before_fc"):
         fuse += norm_saved(mode, a_h, False)
     internals = (
         norm_saved(mode, h, False)  # input_layernorm(embedding): the embedding needs no gradient

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
+from draftsmith.train.objectives import objective
 from draftsmith.train.preflight import Estimate, Knobs, Setup, count, estimate
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters
 
@@ -90,9 +91,9 @@ PHASES = (
 
 def header(est: Estimate, budget: Budget) -> list[str]:
     s, k, setup = est.shapes, est.knobs, est.setup
-    head = {"eagle3": "EAGLE-3", "mtp": "MTP"}[k.head]
-    steps = f"K={k.steps}" if k.head == "eagle3" else f"M={k.steps} modules"
-    extra = f", {k.attention} attention" if k.head == "eagle3" else ""
+    kind = objective(k.head)
+    head, steps = kind.label, kind.steps_label.format(k.steps)
+    extra = f", {k.attention} attention" if k.ttt else ""
     if k.checkpointing:
         extra += ", activation checkpointing"
     if k.cotrain:
@@ -147,7 +148,7 @@ def estimate_cached(shapes: TargetShapes, knobs: Knobs, setup: Setup) -> Estimat
     """`estimate`, with the head's parameter count (a meta-device build) kept per head shape."""
     k = knobs
     key = (shapes.name, shapes.params, k.head, k.steps, k.draft_vocab, k.aux_layers, k.cotrain)
-    key += (repr(k.eagle3), repr(k.mtp))
+    key += (repr(k.options),)
     if key not in _HEAD_PARAMS:
         _HEAD_PARAMS[key] = head_parameters(shapes, knobs)
     return estimate(shapes, knobs, setup, _HEAD_PARAMS[key])
@@ -184,9 +185,9 @@ def change_groups(est: Estimate) -> list[list[tuple[str, dict, dict]]]:
         groups.append(
             [("data.mode=offline (a capture first: draftsmith data capture)", {"mode": "offline"}, {})]
         )
-    if k.head == "eagle3" and k.attention == "dense":
+    if k.ttt and k.attention == "dense":
         groups.append([("train.ttt_attention=decomposed", {"attention": "decomposed"}, {})])
-    if k.head == "eagle3" and not k.checkpointing:  # it needs the decomposed attention
+    if k.ttt and not k.checkpointing:  # it needs the decomposed attention
         label = "train.activation_checkpointing=true" + (
             " train.ttt_attention=decomposed" * (k.attention == "dense")
         )
@@ -200,7 +201,7 @@ def change_groups(est: Estimate) -> list[list[tuple[str, dict, dict]]]:
     )
     lengths = [k.length // 2**i for i in range(1, 8) if k.length // 2**i >= 256]
     groups.append([(f"data.max_length={t}", {"length": t}, {}) for t in lengths])
-    if k.head == "eagle3":
+    if k.ttt:
         groups.append([(f"train.ttt_steps={n}", {"steps": n}, {}) for n in range(k.steps - 1, 0, -1)])
     return [g for g in groups if g]
 

@@ -203,20 +203,13 @@ class _ConfigOnly:
 
 def head_parameters(shapes: TargetShapes, knobs: Knobs) -> int:
     """The trainable parameters of the head the trainer would build, counted on a meta-device head."""
+    from draftsmith.train.objectives import objective
+
     target = _ConfigOnly(shapes)
     with torch.device("meta"):
-        if knobs.head == "eagle3":
-            from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-
-            config = Eagle3Config.for_target(target, knobs.aux_layers, knobs.draft_vocab, **knobs.eagle3)
-            head = Eagle3Head(config)
-        else:
-            from draftsmith.runtime.mtp import MtpConfig, MtpHead
-
-            config = MtpConfig.for_target(
-                target, knobs.steps, cotrained=knobs.cotrain is not None, **knobs.mtp
-            )
-            head = MtpHead(config)
+        head = objective(knobs.head).new_head(
+            target, knobs.aux_layers, knobs.draft_vocab, knobs.steps, knobs.cotrain is not None, knobs.options
+        )
     return sum(p.numel() for p in head.parameters())
 
 

@@ -5,8 +5,8 @@
 
 A run: load the target (frozen, or made trainable for MTP co-training; in offline mode only its
 embedding, final norm and LM head, `runtime/target_parts.py`), run the data steps it needs
-(cached), build the head and its objective (`heads.HEAD_KINDS[head.type]`: EAGLE-3 or MTP), then AdamW
-with linear warmup and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row
+(cached), build the head and its objective (`objectives.objective(head.type)`, train/heads.py), then
+AdamW with linear warmup and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row
 goes to metrics.jsonl (and the tracker), every `eval.every` steps the validation split is scored (loss,
 accuracy per TTT step or MTP module, simulated tau; for a co-trained target its drift), every
 `checkpoint.every` steps a checkpoint is written (atomic, rotated). A non-finite loss or gradient norm
@@ -38,9 +38,9 @@ from draftsmith.train.checkpoints import (
 )
 from draftsmith.train.data_steps import SampleOrder, TrainRows, ensure_data
 from draftsmith.train.eagle3_objective import simulated_tau
-from draftsmith.train.heads import HEAD_KINDS
 from draftsmith.train.loader import micro_batches
 from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_kwargs, tracker_setup
+from draftsmith.train.objectives import objective
 
 log = logging.getLogger("draftsmith")
 PRECISION_NAMES = {"no": "fp32", "bf16": "bf16 mixed precision", "fp16": "fp16 mixed precision"}
@@ -159,8 +159,8 @@ class Trainer:
                 f"an integer in [1, {self.target.vocab_size}] (the target's vocabulary)",
             )
         self.paths = self.data_steps()  # rank 0 first; offline capture in one part per rank (data_steps)
-        self.train_rows = TrainRows(self.paths, "train")
-        self.val_rows = TrainRows(self.paths, "validation")
+        self.train_rows = TrainRows(self.paths, "train", dtype=self.target.dtype)
+        self.val_rows = TrainRows(self.paths, "validation", dtype=self.target.dtype)
         t = cfg.train
         self.order = SampleOrder(
             len(self.train_rows),
@@ -172,7 +172,7 @@ class Trainer:
             lengths=self.train_rows.lengths,
             bucket_batches=t.bucket_batches,
         )
-        self.kind = HEAD_KINDS[cfg.head.type](cfg, self.target, self.aux, self.paths)
+        self.kind = objective(cfg.head.type)(cfg, self.target, self.aux, self.paths)
         self.head, model = self.kind.head, self.kind.model
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)

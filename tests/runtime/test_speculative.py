@@ -348,7 +348,8 @@ def test_model_draft_with_another_tokenizer_is_refused(tmp_path, target):
         ("self:layers=0", "--draft"),
         ("self:layers=3", "--draft"),
         ("self:depth=2", "--draft"),
-        ("medusa:x", "--draft"),
+        ("hydra:x", "--draft"),  # no such kind
+        ("medusa:/no/such/folder", "medusa head"),
         ("mtp:/no/such/folder", "mtp head"),
         ("mtp:/no/such/folder#sideways", "--draft"),
     ],

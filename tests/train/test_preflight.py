@@ -162,7 +162,7 @@ def test_the_meta_device_count_is_the_real_one(tiny_dir, tiny_target, tmp_path):
 
     cfg = load_train_config(None, ["head.aux_layers=0,1,2", "head.draft_vocab_size=64", "head.num_layers=2"])
     knobs = Knobs.from_config(cfg, shapes)
-    real = Eagle3Head(Eagle3Config.for_target(tiny_target, [0, 1, 2], 64, **knobs.eagle3))
+    real = Eagle3Head(Eagle3Config.for_target(tiny_target, [0, 1, 2], 64, **knobs.options))
     assert head_parameters(shapes, knobs) == sum(p.numel() for p in real.parameters())
     cfg = load_train_config(None, ["head.type=mtp", "head.num_modules=3", "head.draft_vocab_size=64"])
     knobs = Knobs.from_config(cfg, shapes)

@@ -1,0 +1,124 @@
+"""The head-kind registry (runtime/head_kinds.py, train/objectives.py): what each kind declares, the
+lookups that use it, and the rule that no other module tests a kind's name.
+
+    python -m pytest tests/runtime/test_head_kinds.py -q
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from draftsmith.runtime import head_kinds
+from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.head_kind import HeadSection
+from draftsmith.train.config import load_train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+# A kind's own files may name it (its loader checks its head_type): runtime/NAME*.py, train/NAME_*.py, and
+# EAGLE-3's engine layouts. The registries list the kinds. Everything else looks kinds up.
+OWN = {"runtime/layouts.py": "eagle3"}
+REGISTRIES = {"runtime/head_kinds.py", "train/objectives.py"}
+
+
+def test_every_kind_declares_a_module_section_drafter_layouts_and_objective():
+    from draftsmith.train.objectives import OBJECTIVES
+
+    assert set(OBJECTIVES) == set(head_kinds.KINDS)  # the train side registers every kind's objective
+    for name, kind in head_kinds.KINDS.items():
+        assert kind.name == name and kind.title and kind.spec.startswith(f"{name}:")
+        assert callable(kind.module.from_pretrained) and callable(kind.module.save_pretrained)
+        assert issubclass(kind.section, HeadSection) and kind.section().type == name
+        layouts = kind.all_layouts()
+        assert "draftsmith" in layouts and all(
+            callable(x.write) and callable(x.read) for x in layouts.values()
+        )
+
+
+def test_formats_map_each_layout_to_the_kinds_it_fits():
+    assert head_kinds.formats() == {
+        "draftsmith": ("eagle3", "mtp", "medusa"),
+        "eagle3": ("eagle3",),
+        "speculators": ("eagle3",),
+        "mtp": ("mtp",),
+        "mtp-mimo": ("mtp",),
+        "medusa": ("medusa",),
+    }
+
+
+def test_draft_specs_look_up_the_registry():
+    kind, arg = head_kinds.draft_kind("mtp:runs/x/final#recursive")
+    assert kind is head_kinds.KINDS["mtp"] and arg == "runs/x/final#recursive"
+    assert head_kinds.draft_kind("eagle3:") is None and head_kinds.draft_kind("ngram") is None
+    assert head_kinds.draft_kind("medusa2:DIR") is None  # not a registered kind
+    assert head_kinds.default_depth("eagle3:DIR") == head_kinds.DEFAULT_DEPTH
+
+
+def test_train_config_head_section_is_the_kinds_own():
+    mtp = load_train_config(None, ["head.type=mtp", "head.num_modules=2"]).head
+    assert type(mtp).__name__ == "MtpSection" and mtp.num_modules == 2
+    eagle3 = load_train_config(None, []).head  # no head.type: the default kind
+    assert type(eagle3) is head_kinds.KINDS[head_kinds.DEFAULT_KIND].section
+    assert "num_modules" not in {f.name for f in fields(eagle3)}  # not a union of every kind's keys
+
+
+@pytest.mark.parametrize(
+    "overrides, field, says",
+    [
+        (["head.type=mtp", "head.num_layers=2"], "head.num_layers", "an option of head.type=eagle3"),
+        (["head.num_modules=2"], "head.num_modules", "an option of head.type=mtp"),
+        (["head.type=medusa9"], "head.type", "one of eagle3, mtp"),
+        (["head.type=eagle3", "head.nonsense=1"], "head.nonsense", "one of the keys"),
+        (["head.type=eagle3", "cotrain.enabled=true"], "cotrain.enabled", "co-training is for mtp"),
+    ],
+)
+def test_another_kinds_key_is_refused_naming_it(overrides, field, says):
+    with pytest.raises(BadInputError) as err:
+        load_train_config(None, overrides)
+    assert err.value.field == field and says in str(err.value)
+
+
+def test_of_folder_reads_the_head_type(tmp_path):
+    (tmp_path / "config.json").write_text('{"head_type": "mtp"}')
+    assert head_kinds.of_folder(tmp_path) is head_kinds.KINDS["mtp"]
+    (tmp_path / "config.json").write_text('{"head_type": "other"}')
+    assert head_kinds.of_folder(tmp_path) is None and head_kinds.of_folder(tmp_path / "absent") is None
+
+
+def kind_name_tests(path: Path, names: set[str]) -> list[int]:
+    """Lines where a module compares with, indexes by or keys a dict on a head kind's name."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        consts = []
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                consts += [x.value for x in items if isinstance(x, ast.Constant)]
+        elif isinstance(node, ast.Dict):
+            consts = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            consts = [node.slice.value]
+        if any(isinstance(c, str) and c in names for c in consts):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_outside_a_kind_tests_a_kind_name(tmp_path):
+    names = set(head_kinds.KINDS)
+    bad = []
+    for folder in ("runtime", "train", "data_recipes"):
+        for path in sorted((ROOT / folder).glob("*.py")):
+            rel = f"{folder}/{path.name}"
+            own = {n for n in names if path.stem.startswith(n)} | ({OWN[rel]} if rel in OWN else set())
+            if rel in REGISTRIES:
+                continue
+            lines = kind_name_tests(path, names - own)
+            bad += [f"{rel}:{line}" for line in lines]
+    assert not bad, f"modules that switch on a head kind's name (look it up in runtime/head_kinds.py): {bad}"
+    # the check itself finds the old switch sites
+    probe = tmp_path / "probe.py"
+    probe.write_text('HEAD_KINDS = {"eagle3": 1}\nif kind in ("eagle3", "mtp"): pass\nx = FORMATS["mtp"]\n')
+    assert kind_name_tests(probe, names) == [1, 2, 3]

@@ -1,0 +1,28 @@
+"""The registry of training objectives, one per head kind (runtime/head_kinds.py registers the kinds;
+their objectives are registered here so the runtime never imports the trainer).
+
+    kind = objective(cfg.head.type)(cfg, target, aux_layers, paths)   # what the loop trains (train/heads.py)
+
+An objective class states its kind's name (`kind`), builds `model` (forward(**batch(rows, device)) ->
+(loss, correct [D], counted [D])), `batch`, `save_final`, and what the memory preflight reads (`label`,
+`steps_label`, `ttt`, `steps(cfg)`, `new_head(...)`). Adding a kind: its objective in its own file, one
+entry in OBJECTIVES.
+"""
+
+from __future__ import annotations
+
+from draftsmith.runtime import head_kinds
+from draftsmith.runtime.errors import DraftsmithError
+from draftsmith.train.heads import Eagle3Kind, MtpKind
+from draftsmith.train.medusa_objective import MedusaKind
+
+# one entry per kind
+OBJECTIVES: dict[str, type] = {cls.kind: cls for cls in (Eagle3Kind, MtpKind, MedusaKind)}
+
+
+def objective(name: str) -> type:
+    """The objective class of head kind `name` (a registered kind: head.type was checked on load)."""
+    head_kinds.get(name)
+    if name not in OBJECTIVES:
+        raise DraftsmithError(f"head.type={name}: no training objective is registered (train/objectives.py)")
+    return OBJECTIVES[name]
