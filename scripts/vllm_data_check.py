@@ -1,6 +1,6 @@
 """Checks and measurements of the data steps on vLLM (`--engine vllm`) against draftsmith's engine.
 
-    python scripts/vllm_data_check.py regen-agree  --target T --source DIR --draftsmith A --vllm B [--out J]
+    python scripts/vllm_data_check.py regen-agree  --target T --draftsmith A --vllm B [--out J]
     python scripts/vllm_data_check.py same-rows    --source DIR --a A --b B
     python scripts/vllm_data_check.py capture-agree --draftsmith A --vllm B [--rtol 1e-4]
     python scripts/vllm_data_check.py bench --data DIR --out J [--batches 8,32,64] [--max-new-tokens 128]
@@ -173,6 +173,7 @@ def cmd_bench(args) -> int:
     for r in rows:
         verdict = "identical" if r.get("greedy_identical") else (
             "near-ties only" if r.get("greedy_near_ties_only") else "DIFFERENT")  # fmt: skip
+        verdict = verdict if "turns" in r else "not compared (no draftsmith run)"
         print(f"{r['engine']:<11} {r['batch']:>5}  {r['tokens_per_s']:>8}  {r['wall_s']:>6}  "
               f"{verdict} ({r.get('identical_turns')}/{r.get('turns')} turns)")  # fmt: skip
     return 0
