@@ -23,15 +23,14 @@ import json
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.worker_process import start_worker, stop_worker, worker_env
 
 FIELD = "--engine"
 PYTHON_ENV = "DRAFTSMITH_VLLM_PYTHON"
@@ -152,12 +151,8 @@ class DataWorker:
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
         if layers:
             cmd += ["--layers", ",".join(map(str, layers)), "--hs-dir", str(self.scratch / "hidden")]
-        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stderr=log, env=worker_env(python), cwd=self.scratch,
-                                         start_new_session=True, **pipes)  # fmt: skip
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=_pump, args=(self.proc.stdout, self.lines), daemon=True).start()
+        env = worker_env(python, WORKER_ENV)
+        self.proc, self.lines = start_worker(cmd, self.log_path, env, cwd=self.scratch)
         try:
             self.ready = self._reply(ready_timeout_s)
             if not self.ready.get("ready"):
@@ -203,17 +198,7 @@ class DataWorker:
         """Ask the worker to quit, then kill what is left of its process group; remove the scratch folder."""
         proc, self.proc = self.proc, None
         if proc is not None:
-            try:
-                proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                proc.stdin.close()
-                proc.wait(timeout=timeout_s)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            stop_worker(proc, timeout_s)
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> DataWorker:
@@ -221,18 +206,3 @@ class DataWorker:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def worker_env(python: str) -> dict[str, str]:
-    """Our environment over the defaults, with the venv's Intel OpenMP preloaded (vLLM-CPU asks for it)."""
-    env = {**WORKER_ENV, **os.environ}
-    iomp = (Path(python).parent.parent / "lib" / "libiomp5.so").absolute()
-    if iomp.is_file() and str(iomp) not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = ":".join(filter(None, [str(iomp), env.get("LD_PRELOAD")]))
-    return env
-
-
-def _pump(stream, lines: queue.Queue) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)

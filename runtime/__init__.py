@@ -17,7 +17,8 @@ function; tests/test_imports.py checks every import):
   `eagle3_drafter`, `mtp_drafter`, `medusa_drafter`;
 - engines: `engine` (plain decoding), `speculative` (propose -> verify in one forward -> accept ->
   commit), `static_forward` and `static_draft` (the GPU path: static caches, CUDA graphs);
-- shared: `config` (strict dataclass + YAML configs), `errors`, `prompts` (prompt files).
+- shared: `config` (strict dataclass + YAML configs), `errors`, `prompts` (prompt files), `worker_process`
+  (a JSON-lines worker in another Python: start, read, stop; the vLLM method and data steps use it).
 
 The CLI, demo and bench layer (may import everything; nothing in the core, train, data_recipes or
 kernels imports it): `cli`, `cli_args`, `cli_bench`, `cli_data`, `cli_export` (the `draftsmith`

