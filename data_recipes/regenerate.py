@@ -144,6 +144,24 @@ def _fits(target, item, summary: Summary) -> bool:
     return True
 
 
+def part_conversations(data_dir, num_shards: int, shard_index: int):
+    """A prepared folder (its DatasetDict), its conversations {id: messages}, only part `shard_index` of
+    `num_shards` (a contiguous range: the parts concatenated keep every split's row order), and that range
+    (None if whole)."""
+    dataset = load_prepared(data_dir)
+    conversations = {
+        row["id"]: json.loads(row["messages"])
+        for split in dataset
+        for row in dataset[split].select_columns(["id", "messages"])
+    }
+    if num_shards <= 1:
+        return dataset, conversations, None
+    if num_shards > len(conversations):
+        raise BadInputError("--num-shards", num_shards, f"at most {len(conversations)} (the rows of --data)")
+    lo, hi = shard_range(len(conversations), shard_index, num_shards)
+    return dataset, dict(list(conversations.items())[lo:hi]), (lo, hi)
+
+
 def regenerate(
     target,
     data_dir: str | Path,
@@ -193,19 +211,9 @@ def regenerate(
     partial = Path(f"{part}.partial")
     partial.mkdir(parents=True, exist_ok=True)
     atomic_write_text(partial / "inputs.json", json.dumps(record.inputs, indent=1))
-    dataset = load_prepared(data_dir)
-    conversations = {
-        row["id"]: json.loads(row["messages"])
-        for split in dataset
-        for row in dataset[split].select_columns(["id", "messages"])
-    }
-    if num_shards > 1:  # a contiguous range: the parts concatenated keep every split's row order
-        if num_shards > len(conversations):
-            raise BadInputError(
-                "--num-shards", num_shards, f"at most {len(conversations)} (the rows of --data)"
-            )
-        lo, hi = shard_range(len(conversations), shard_index, num_shards)
-        conversations = dict(list(conversations.items())[lo:hi])
+    dataset, conversations, rows_range = part_conversations(data_dir, num_shards, shard_index)
+    if rows_range is not None:
+        lo, hi = rows_range
         command = _part_command(target, data_dir, out, params, max_new_tokens, seed, batch_size, num_shards)
         record.outputs["part"] = {"rows": [lo, hi], "command": command}
     summary = Summary(read=len(conversations))

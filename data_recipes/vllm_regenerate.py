@@ -46,10 +46,8 @@ from draftsmith.data_recipes.common import (
 )
 from draftsmith.data_recipes.parts import (
     check_shard_args,
-    load_prepared,
     part_folder,
     require_whole,
-    shard_range,
     whole_done,
 )
 from draftsmith.runtime.config import atomic_write_text
@@ -202,19 +200,9 @@ def regenerate_vllm(view, data_dir, out, params: SamplingParams, max_new_tokens:
         log.info("%s already holds this part (inputs %s): nothing to do", part, record.inputs_hash)
         return json.loads((part / RECORD_FILE).read_text())
     store = PartialAnswers(Path(f"{part}.partial"), record.inputs)
-    dataset = load_prepared(data_dir)
-    conversations = {
-        row["id"]: json.loads(row["messages"])
-        for split in dataset
-        for row in dataset[split].select_columns(["id", "messages"])
-    }
-    if num_shards > 1:
-        if num_shards > len(conversations):
-            raise BadInputError(
-                "--num-shards", num_shards, f"at most {len(conversations)} (the rows of --data)"
-            )
-        lo, hi = shard_range(len(conversations), shard_index, num_shards)
-        conversations = dict(list(conversations.items())[lo:hi])
+    dataset, conversations, rows_range = regen.part_conversations(data_dir, num_shards, shard_index)
+    if rows_range is not None:
+        lo, hi = rows_range
         command = part_command(view, data_dir, out, params, max_new_tokens, seed, max_num_seqs, num_shards)
         record.outputs["part"] = {"rows": [lo, hi], "command": command}
     summary = Summary(read=len(conversations))
