@@ -48,21 +48,10 @@ import time
 import traceback
 from pathlib import Path
 
+# the bench worker beside this file (sys.path[0] when run as a script): the same JSON-lines channel
+from vllm_worker import protocol_channel, send
+
 CONNECTOR_MODULE = "draftsmith_vllm_hidden_connector"  # the name its private copy is imported under
-
-
-def protocol_channel():
-    """A text stream on a private copy of stdout; fd 1 (and sys.stdout) now write to stderr."""
-    sys.stdout.flush()
-    channel = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return channel
-
-
-def send(channel, message: dict) -> None:
-    channel.write(json.dumps(message) + "\n")
-    channel.flush()
 
 
 def connector_path() -> str:
