@@ -144,6 +144,18 @@ def _fits(target, item, summary: Summary) -> bool:
     return True
 
 
+def open_partial(partial: Path, inputs: dict) -> Path:
+    """The folder of a run's answers so far, stamped with its inputs: one left by a run with other inputs
+    (another seed, length, target...) is cleared, so no answer of theirs is reused."""
+    stamp = partial / "inputs.json"
+    if stamp.is_file() and json.loads(stamp.read_text()) != inputs:
+        log.info("%s holds answers made with other inputs: starting over", partial)
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(stamp, json.dumps(inputs, indent=1))
+    return partial
+
+
 def part_conversations(data_dir, num_shards: int, shard_index: int):
     """A prepared folder (its DatasetDict), its conversations {id: messages}, only part `shard_index` of
     `num_shards` (a contiguous range: the parts concatenated keep every split's row order), and that range
@@ -208,9 +220,7 @@ def regenerate(
         if is_done(part, record):
             log.info("%s already holds this part (inputs %s): nothing to do", part, record.inputs_hash)
             return json.loads((part / RECORD_FILE).read_text())
-    partial = Path(f"{part}.partial")
-    partial.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(partial / "inputs.json", json.dumps(record.inputs, indent=1))
+    partial = open_partial(Path(f"{part}.partial"), record.inputs)
     dataset, conversations, rows_range = part_conversations(data_dir, num_shards, shard_index)
     if rows_range is not None:
         lo, hi = rows_range

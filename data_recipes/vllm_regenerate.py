@@ -99,13 +99,7 @@ class PartialAnswers:
     """The answers file of a run: appended in atomic chunks, read back on restart."""
 
     def __init__(self, partial: Path, inputs: dict):
-        stamp = partial / "inputs.json"
-        if stamp.is_file() and json.loads(stamp.read_text()) != inputs:
-            log.info("%s holds answers made with other inputs: starting over", partial)
-            shutil.rmtree(partial)
-        partial.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(stamp, json.dumps(inputs, indent=1))
-        self.partial, self.lines = partial, []
+        self.partial, self.lines = regen.open_partial(partial, inputs), []
         self.answers = regen.load_answers(partial)
         self.chunk_id = len(list(partial.glob("answers-*.jsonl")))
 

@@ -165,3 +165,17 @@ def test_prompt_lists_get_answers(tiny_target, tmp_path):
         messages = json.loads(row["messages"])
         assert messages[-1]["role"] == "assistant" and messages[-1]["content"]
         assert row["num_supervised"] > 0
+
+
+def test_answers_left_by_other_inputs_are_not_reused(tiny_target, prepared, tmp_path):
+    """A partial folder from a run with other inputs (another seed, length, ...) starts over."""
+    straight = tmp_path / "straight"
+    regen.regenerate(tiny_target, prepared, straight, SamplingParams(), 4, progress=False)
+    row_id = next(iter(messages_by_id(prepared)))
+    partial = tmp_path / "other.partial"
+    partial.mkdir()
+    (partial / "inputs.json").write_text("{}")
+    bogus = {"id": row_id, "index": regen.assistant_turns(messages_by_id(prepared)[row_id])[0], "text": "w99"}
+    (partial / "answers-00000.jsonl").write_text(json.dumps(bogus) + "\n")
+    regen.regenerate(tiny_target, prepared, tmp_path / "other", SamplingParams(), 4, progress=False)
+    assert messages_by_id(tmp_path / "other") == messages_by_id(straight)
