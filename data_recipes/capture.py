@@ -86,14 +86,14 @@ from draftsmith.data_recipes.parts import (
     whole_done,
 )
 from draftsmith.data_recipes.vocab import DATA_STEPS
-from draftsmith.runtime.aux_layers import (  # noqa: F401 (re-exported)
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.heads.aux_layers import (  # noqa: F401 (re-exported)
     AUX_LAYER_CONVENTION,
     default_aux_layers,
     engine_layer_ids,
     parse_aux_layers,
     resolve_aux_layers,
 )
-from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger(__name__)
 

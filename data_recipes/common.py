@@ -19,14 +19,14 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from draftsmith.runtime.artifacts import (  # noqa: F401 (re-exported for the data steps)
+from draftsmith.runtime.core.artifacts import (  # noqa: F401 (re-exported for the data steps)
     atomic_save_file,
     content_hash,
     template_hash,
     tokenizer_hash,
 )
-from draftsmith.runtime.config import atomic_write_text
-from draftsmith.runtime.errors import BadInputError, read_json
+from draftsmith.runtime.core.config import atomic_write_text
+from draftsmith.runtime.core.errors import BadInputError, read_json
 
 RECORD_FILE = "draftsmith_data.json"
 FORMAT_VERSION = 1

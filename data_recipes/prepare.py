@@ -50,8 +50,8 @@ from draftsmith.data_recipes.common import (
 )
 from draftsmith.data_recipes.sources import Conversation, iter_conversations, source_hash, validate_source
 from draftsmith.data_recipes.templating import render_and_mask
-from draftsmith.runtime.artifacts import pid_alive
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.core.artifacts import pid_alive
+from draftsmith.runtime.core.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 
@@ -384,7 +384,7 @@ def summary_lines(done: dict) -> list[str]:
 
 def run_from_args(args) -> None:
     from draftsmith.data_recipes.step_summary import StepTimer
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     timer = StepTimer()
     _check_options(args.max_samples, args.max_length, args.validation_fraction, args.seed)

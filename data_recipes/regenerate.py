@@ -45,10 +45,10 @@ from draftsmith.data_recipes.parts import (
     shard_range,
     whole_done,
 )
-from draftsmith.runtime.config import atomic_write_text
-from draftsmith.runtime.engine import decode_batch
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.core.config import atomic_write_text
+from draftsmith.runtime.core.engine import decode_batch
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 log = logging.getLogger("draftsmith")
 

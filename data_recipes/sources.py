@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.data_recipes.common import Summary, content_hash
-from draftsmith.runtime.errors import BadInputError, not_utf8
+from draftsmith.runtime.core.errors import BadInputError, not_utf8
 
 log = logging.getLogger("draftsmith")
 
@@ -48,7 +48,7 @@ SOURCE_HELP = (
 )
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
 # ShareGPT conversations from this index on are held out for `bench --prompts sharegpt`
-# (runtime/prompt_sets.py); training reads from the start (train/data_steps.py warns past it).
+# (runtime/bench/prompt_sets.py); training reads from the start (train/data_steps.py warns past it).
 SHAREGPT_HELD_OUT_START = 15000
 
 SHAREGPT_ROLES = {
@@ -258,7 +258,7 @@ def _iter_file_rows(path: Path) -> Iterator[dict]:
 
 
 def _iter_prompts(file: str) -> Iterator[tuple[str, dict]]:
-    from draftsmith.runtime.prompts import read_prompts_file
+    from draftsmith.runtime.core.prompts import read_prompts_file
 
     try:
         prompts = read_prompts_file(file)

@@ -6,7 +6,7 @@
         --tp-size 4 --data D --out OUT                      # 2 groups of 4: OUT/part-0000K-of-00002/
     record = run_step(args, "capture", work)                # what run_from_args calls (None off the leaders)
 
-The processes form the (dp, tp) mesh training uses (runtime/placement.py): consecutive ranks make a TP
+The processes form the (dp, tp) mesh training uses (runtime/core/placement.py): consecutive ranks make a TP
 group, each group's rank 0 runs the step (`driving`) while the others replay its target calls (`follow`),
 and only that rank writes files. With G = world / tp groups, group g makes part g of G of the step
 (data_recipes/parts.py), as `--num-shards G --shard-index g` would, and the parts read as one folder.
@@ -34,8 +34,8 @@ import torch
 import torch.distributed
 
 from draftsmith.data_recipes.parts import check_shard_args, require_whole
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
-from draftsmith.runtime.placement import Layout, check_placement, driving, follow
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, renamed_fields
+from draftsmith.runtime.core.placement import Layout, check_placement, driving, follow
 
 log = logging.getLogger("draftsmith")
 TIMEOUT_FLAG = "--process-group-timeout-s"
@@ -101,7 +101,7 @@ def plan_step(args, launch: Launch, step: str) -> StepPlan:
     if placement == "tp":
         from transformers import AutoConfig
 
-        from draftsmith.runtime.targets import resolve_target
+        from draftsmith.runtime.core.targets import resolve_target
 
         config = AutoConfig.from_pretrained(resolve_target(args.target).path)
     with renamed_fields(FLAGS):
@@ -153,7 +153,7 @@ def run_step(args, step: str, work: Callable) -> dict | None:
 
 
 def load_target(args, plan: StepPlan):
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     layout = plan.layout if plan.layout.tp > 1 else None  # tp 1: the whole target (a plain load)
     return Target.load(args.target, device=plan.device, dtype=args.dtype, layout=layout)

@@ -5,7 +5,7 @@
 
 data_recipes/capture.py runs the step as always (the same record, shards, parts, resume and checks);
 only each row's tensors come from vLLM instead of one draftsmith forward: vLLM's `extract_hidden_states`
-speculative method, the path speculators' data generation takes (runtime/vllm_data_worker.py), one
+speculative method, the path speculators' data generation takes (runtime/workers/vllm_data_worker.py), one
 prefill per row with a one-token request. Rows are fed to vLLM --max-num-seqs * 2 ahead of the one the
 writer needs, and come back in row order, so the shards are those of the draftsmith engine up to the
 numerics of vLLM's kernels (scripts/check_vllm_data.sh compares them; fp32: within 1e-4 of each
@@ -16,7 +16,7 @@ i + 1), and vLLM's id L (num_layers) is the last layer's output before the final
 `last_hidden`. vLLM returns one [T, H] state per distinct id, in increasing id order.
 
 On a CPU, vLLM 0.32.0's stock hidden-states connector dies copying out the states (CUDA-only pinned
-memory and events); runtime/vllm_hidden_connector.py is a CPU copy of that one step.
+memory and events); runtime/workers/vllm_hidden_connector.py is a CPU copy of that one step.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import logging
 import os
 from collections import deque
 
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.core.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 

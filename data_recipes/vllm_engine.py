@@ -1,5 +1,6 @@
 """The vLLM side of `draftsmith data regenerate|capture --engine vllm`: find a Python that has vLLM, start
-runtime/vllm_data_worker.py in it, and talk JSON lines to it; plus the target's facts without its weights.
+runtime/workers/vllm_data_worker.py in it, and talk JSON lines to it; plus the target's facts without its
+weights.
 
     python = find_python(args.vllm_python)                  # BadInputError (exit 2) when there is none
     view = TargetView.load("smollm2-135m")                  # tokenizer + config: what the steps read
@@ -29,8 +30,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.runtime.errors import BadInputError, DraftsmithError
-from draftsmith.runtime.worker_process import start_worker, stop_worker, worker_env
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.workers.worker_process import start_worker, stop_worker, worker_env
 
 FIELD = "--engine"
 PYTHON_ENV = "DRAFTSMITH_VLLM_PYTHON"
@@ -38,7 +39,7 @@ BUILD_HINT = (
     "build one with `bash scripts/vllm_env.sh` (makes .venv-vllm, about 4 minutes and 3.4 GB), "
     f"or pass --vllm-python PATH / set {PYTHON_ENV}"
 )
-WORKER = Path(__file__).resolve().parents[1] / "runtime" / "vllm_data_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "runtime" / "workers" / "vllm_data_worker.py"
 WORKER_ENV = {  # defaults only: the caller's environment wins
     "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache on a CPU (vLLM's default, 4, is a lot on a small box)
     "HF_HUB_OFFLINE": "1",  # the target is a local folder
@@ -93,7 +94,7 @@ class TargetView:
 
     @property
     def max_context(self) -> int:
-        from draftsmith.runtime.target import context_limit
+        from draftsmith.runtime.core.target import context_limit
 
         return context_limit(self.config)
 
@@ -109,7 +110,7 @@ class TargetView:
     def load(cls, spec: str, dtype: str = "float32") -> TargetView:
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-        from draftsmith.runtime.targets import resolve_target
+        from draftsmith.runtime.core.targets import resolve_target
 
         resolved = resolve_target(spec)
         config = AutoConfig.from_pretrained(resolved.path)
@@ -139,7 +140,8 @@ def embedding_rows(folder: Path) -> int | None:
 
 
 class DataWorker:
-    """runtime/vllm_data_worker.py in the vLLM Python, started by __init__ (waits for its ready line)."""
+    """runtime/workers/vllm_data_worker.py in the vLLM Python, started by __init__ (waits for its ready
+    line)."""
 
     def __init__(self, python: str, view: TargetView, mode: str, max_num_seqs: int, tensor_parallel_size: int,
                  layers: list[int] | None = None, ready_timeout_s: float = 900.0):  # fmt: skip

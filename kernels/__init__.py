@@ -13,7 +13,9 @@ Which implementation runs: `DRAFTSMITH_KERNELS` = `auto` (default: Triton on CUD
 the torch references elsewhere), `triton` (force the kernels: on CUDA, or on CPU under Triton's
 interpreter, TRITON_INTERPRET=1), `torch` (force the references). A request for kernels that cannot run
 here falls back to the references with one log line, never a crash. Inputs are validated (shapes,
-dtypes, devices) before either runs; the references live in kernels/reference.py (torch only).
+dtypes, devices) before either runs. Modules: `reference` (the torch oracles), `triton_kernels` (the
+Triton kernels), `flex` (tree attention on FlexAttention), `compile_check` (compiling the kernels for
+a GPU architecture without one).
 """
 
 from __future__ import annotations
@@ -191,7 +193,7 @@ def tree_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
     """q [B, Hq, T, D], k/v [B, Hkv, S, D] (Hq a multiple of Hkv), mask [B, 1, T, S] bool -> [B, Hq, T, D].
-    Every query row must allow at least one key (runtime/masks.py guarantees its own slot)."""
+    Every query row must allow at least one key (runtime/core/masks.py guarantees its own slot)."""
     _check_attention(q, k, v, mask)
     impl = _impl().tree_attention if use_triton(q.device) else tree_attention_ref
     return impl(q, k, v, mask, scale)

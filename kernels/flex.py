@@ -7,7 +7,7 @@ imported.
 
 FlexAttention (Dong et al. 2024, "Flex Attention: A Programming Model for Generating Optimized Attention
 Kernels") generates a fused kernel from a `mask_mod`; here the mask_mod reads draftsmith's dense boolean
-mask [B, 1, T, S] (prefix validity and the tree's ancestor relation: runtime/masks.py), because a tree's
+mask [B, 1, T, S] (prefix validity and the tree's ancestor relation: runtime/core/masks.py), because a tree's
 shape changes every cycle and is data, not a formula. The block mask is rebuilt from the dense one on every
 call, which is the honest per-step cost (the mask changes every cycle); `block_mask=` lets a benchmark
 separate the two. On CUDA the attention runs compiled (Triton kernels generated on the first shapes; the

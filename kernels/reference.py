@@ -12,10 +12,11 @@ Chain acceptance is the Leviathan et al. (2023) / Chen et al. (2023) rule, row b
 (x_j drawn from q_j) is accepted when coins[j] * q_j(x_j) < p_j(x_j) (i.e. u < p/q, so with probability
 min(1, p/q)); the first rejection at j emits a draw from norm((p_j - q_j)+), and a fully accepted chain
 emits the bonus draw from p_K. Draws are inverse-CDF with one uniform per row: the first index whose
-running sum exceeds u * total. The runtime's general tree rule (runtime/acceptance.py) with
+running sum exceeds u * total. The runtime's general tree rule (runtime/verify/acceptance.py) with
 `coin = lambda prob: u_j < prob` and the same inverse-CDF draw gives the same tokens (a test checks).
 
-Tree acceptance is SpecInfer's multi-step rule (Miao et al. 2024; runtime/acceptance.py states it): walk
+Tree acceptance is SpecInfer's multi-step rule (Miao et al. 2024; runtime/verify/acceptance.py states it):
+walk
 from the root; at the current node try its children in id order against the residual r (= p at the node,
 kept unnormalized as w with total S): child c with token x is accepted when coins[c] * q_c(x) * S < w(x)
 (u < r(x) / q_c(x)); a rejection sets w <- (w - S * q_c)+ (a point-mass child, draft_probs None, just
@@ -81,7 +82,7 @@ def tree_attention_ref(
     q: torch.Tensor,  # [B, Hq, T, D] the new tokens (tree nodes)
     k: torch.Tensor,  # [B, Hkv, S, D] the cache after the new tokens were written; Hq % Hkv == 0
     v: torch.Tensor,  # [B, Hkv, S, D]
-    mask: torch.Tensor,  # [B, 1, T, S] bool, True = may attend (runtime/masks.py attention_mask)
+    mask: torch.Tensor,  # [B, 1, T, S] bool, True = may attend (runtime/core/masks.py attention_mask)
     scale: float,
 ) -> torch.Tensor:
     """Attention of the tree nodes over the cache (prefix + the tree itself) -> [B, Hq, T, D]."""

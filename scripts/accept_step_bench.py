@@ -1,5 +1,6 @@
-"""Time the engine's acceptance step: the per-row walk (runtime/acceptance.py, as the engine ran it before
-the kernels) against the batched call (runtime/batch_accept.py -> draftsmith.kernels), side by side.
+"""Time the engine's acceptance step: the per-row walk (runtime/verify/acceptance.py, as the engine ran it
+before
+the kernels) against the batched call (runtime/verify/batch_accept.py -> draftsmith.kernels), side by side.
 
     python scripts/accept_step_bench.py                  # CPU: the torch references
     python scripts/accept_step_bench.py --device cuda    # GPU: the Triton kernels
@@ -17,11 +18,11 @@ import time
 
 import torch
 
-from draftsmith.runtime.acceptance import accept_greedy, accept_sampled, generator_coin, generator_draw
-from draftsmith.runtime.batch_accept import accept_batch
-from draftsmith.runtime.drafting import Draft
-from draftsmith.runtime.sampling import SamplingParams, logits_to_probs, make_generators
-from draftsmith.runtime.tree import parse_tree_spec
+from draftsmith.runtime.drafters.drafting import Draft
+from draftsmith.runtime.verify.acceptance import accept_greedy, accept_sampled, generator_coin, generator_draw
+from draftsmith.runtime.verify.batch_accept import accept_batch
+from draftsmith.runtime.verify.sampling import SamplingParams, logits_to_probs, make_generators
+from draftsmith.runtime.verify.tree import parse_tree_spec
 
 
 def drafts_for(tree_spec: str, batch: int, logits: torch.Tensor, sampled: bool) -> list[Draft]:

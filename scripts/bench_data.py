@@ -25,9 +25,9 @@ import torch
 from draftsmith.data_recipes.capture import capture
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.data_recipes.regenerate import chat_prompt_ids
-from draftsmith.runtime.engine import decode_batch
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.engine import decode_batch
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 
 def regen_throughput(target, prompts, batch_size, max_new, repeats):

@@ -7,7 +7,7 @@
 
 verify-cost: after a 200-token prefix, time one target forward over N tree nodes (a binary-ish tree,
 tree mask, per-node positions) for N in --nodes, interleaved across N, median of --repeats.
-compare: draftsmith.runtime.speed.compare_methods on a prompt set (sharegpt held out, humaneval,
+compare: draftsmith.runtime.bench.speed.compare_methods on a prompt set (sharegpt held out, humaneval,
 jsonl:FILE) at each temperature: plain decoding and every method in a rotating order per prompt (so
 drift hits all alike) after a warm-up; tokens/s, speedup of summed tokens/s and the median of per-prompt
 speedups, tau, acceptance per position, draft forwards per token, greedy identity with plain decoding.
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import Tree, ancestor_mask, position_ids
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import Tree, ancestor_mask, position_ids
 
 DEFAULT_METHODS = (
     "ngram@chain:4",
@@ -66,8 +66,8 @@ def verify_cost(target: Target, nodes: list[int], repeats: int) -> list[dict]:
 
 
 def compare(target: Target, args, meta: dict, out: Path) -> None:
-    from draftsmith.runtime.prompt_sets import load_prompt_set
-    from draftsmith.runtime.speed import compare_methods, format_rows
+    from draftsmith.runtime.bench.prompt_sets import load_prompt_set
+    from draftsmith.runtime.bench.speed import compare_methods, format_rows
 
     prompts = [target.encode(t) for t in load_prompt_set(args.prompt_set, args.num_prompts)]
     rows = []

@@ -77,7 +77,7 @@ build_venv() { build_vllm_venv "$VENV" "$OUT/logs/venv.log"; }
 phase venv build_venv
 
 # ---- 2. exports ---------------------------------------------------------------------------------------
-TARGET_DIR=$(.venv/bin/python -c "from draftsmith.runtime.targets import resolve_target as r; print(r('$TARGET').path)")
+TARGET_DIR=$(.venv/bin/python -c "from draftsmith.runtime.core.targets import resolve_target as r; print(r('$TARGET').path)")
 OFFICIAL="$OUT/head-eagle3-vllm"
 SPECULATORS="$OUT/head-speculators"
 CONTROL="$OUT/head-eagle3-sglang-ids"  # SGLang's ids, which vLLM reads one layer off: the negative control

@@ -13,7 +13,7 @@
 #                 (the process group, SIGKILL) once its first answers are on disk, and rerun: it resumes
 #   5. compare    scripts/vllm_data_check.py: the resumed folder has every row once and the same answers as
 #                 the straight run; vLLM's greedy answers equal draftsmith's up to near-ties
-#                 (runtime/near_tie.py, the bench's rule)
+#                 (runtime/verify/near_tie.py, the bench's rule)
 #   6. capture    `data capture --storage-dtype float32` on both engines; every tensor within 1e-4 of
 #                 its largest magnitude
 # Exit 1 when a check fails. Everything runs under `nice -n 10` with OMP_NUM_THREADS=1 (2 threads next to

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.target import Target
 from draftsmith.train.config import load_train_config
 from draftsmith.train.cotrain import drift_sums
 from draftsmith.train.data_steps import DataPaths, TrainRows, data_root

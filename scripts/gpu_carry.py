@@ -41,7 +41,7 @@ def sha256(path: Path) -> str:
 def prepare(head: Path) -> None:
     from safetensors.torch import load_file, save_file
 
-    from draftsmith.runtime.targets import ALIASES, embedded_gguf_path
+    from draftsmith.runtime.core.targets import ALIASES, embedded_gguf_path
 
     gguf = embedded_gguf_path(ALIASES["smollm2-135m"])
     shutil.rmtree(ROOT, ignore_errors=True)

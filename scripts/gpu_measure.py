@@ -3,7 +3,7 @@
     python scripts/gpu_measure.py --out runs/gpu-check/measure.json [--head runs/eagle3-smollm2-135m/final]
     python scripts/gpu_measure.py --small --device cpu --out /tmp/m.json      # the plumbing, on a CPU
 
-1. machine: copy bandwidth and bf16 matmul rate (draftsmith.runtime.roofline.machine_rates);
+1. machine: copy bandwidth and bf16 matmul rate (draftsmith.runtime.bench.roofline.machine_rates);
 2. plain decode tokens/s of the embedded target and of a random-weight Llama-3.1-8B-shaped model (bf16,
    batch 1, after a warm-up), eager and on the static/CUDA-graph path, interleaved, median of 3, each
    against its memory-bound roofline (goal: >= 75% at 8B shape);
@@ -51,7 +51,7 @@ class StubTokenizer:
 def random_target(shape: dict, device: str, dtype: torch.dtype, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     config = LlamaConfig(**shape, tie_word_embeddings=False)
     with torch.device(device):
@@ -61,8 +61,8 @@ def random_target(shape: dict, device: str, dtype: torch.dtype, tokenizer):
 
 def decode_rates(target, prompt_len: int, new_tokens: int, repeats: int = 3) -> dict:
     """Plain decode tokens/s, eager and static (CUDA graphs), interleaved, median of `repeats`."""
-    from draftsmith.runtime.engine import generate_plain
-    from draftsmith.runtime.sampling import SamplingParams
+    from draftsmith.runtime.core.engine import generate_plain
+    from draftsmith.runtime.verify.sampling import SamplingParams
 
     ids = torch.randint(0, min(target.vocab_size, 30000), (prompt_len,)).tolist()
     rates: dict[str, list[float]] = {"eager": [], "graphs": []}
@@ -84,7 +84,7 @@ def _sync(device: torch.device) -> None:
 
 
 def plain_vs_roofline(target, machine: dict, prompt_len: int, new_tokens: int) -> dict:
-    from draftsmith.runtime.roofline import roofline
+    from draftsmith.runtime.bench.roofline import roofline
 
     rates = decode_rates(target, prompt_len, new_tokens)
     line = roofline(target, machine, 1, prompt_len + new_tokens // 2)
@@ -101,7 +101,7 @@ def plain_vs_roofline(target, machine: dict, prompt_len: int, new_tokens: int) -
 
 
 def verify_curve(target, nodes: list[int]) -> dict:
-    from draftsmith.runtime.load_aware import measure_verify_costs
+    from draftsmith.runtime.verify.load_aware import measure_verify_costs
 
     costs = measure_verify_costs(target, [1], max_nodes=max(nodes), context=512, repeats=5)
     ms = costs.seconds[1]
@@ -119,7 +119,7 @@ def verify_curve(target, nodes: list[int]) -> dict:
 def graphed_verify_with(target, nodes: list[int], attention: str) -> dict[int, float] | str:
     """The same replays with draftsmith's Triton kernel ("triton") or FlexAttention ("flex") in every
     layer; a failure is recorded as its message, so one backend cannot cost the other measurements."""
-    from draftsmith.runtime.kernel_attention import use_kernel_attention
+    from draftsmith.runtime.core.kernel_attention import use_kernel_attention
 
     use_kernel_attention(target, attention)
     try:
@@ -134,7 +134,7 @@ def graphed_verify_with(target, nodes: list[int], attention: str) -> dict[int, f
 def graphed_verify_ms(target, nodes: list[int], context: int, repeats: int = 20) -> dict[int, float]:
     """ms per verification forward of n chain tokens after `context` cached tokens, on the static path
     (a graph replay on CUDA): each call rewrites the same slots, so the cache does not grow."""
-    from draftsmith.runtime.static_forward import GraphedForward, StaticKVCache, static_forward
+    from draftsmith.runtime.static.forward import GraphedForward, StaticKVCache, static_forward
 
     device = target.device
     cache = StaticKVCache.for_target(target, 1, context + max(nodes))
@@ -159,7 +159,7 @@ def graphed_verify_ms(target, nodes: list[int], context: int, repeats: int = 20)
 
 
 def end_to_end(target, head: str, out: Path) -> list[dict]:
-    from draftsmith.runtime.bench_run import BenchRequest, run_bench
+    from draftsmith.runtime.bench.run import BenchRequest, run_bench
 
     request = BenchRequest(
         drafts=[f"eagle3:{head}"], trees=["chain:3", "dynamic:depth=4,topk=4,tokens=16", "auto:4",
@@ -175,11 +175,11 @@ def runtime_efficiency(target, prompts: int = 4, new_tokens: int = 96, repeats: 
     """Speedup / tau without a trained head (random weights allowed): plain, n-gram chain:3 and early
     exit (the first 3/4 of the layers) chain:2, each eager and on the static/CUDA-graph path, batch 1,
     on token-id prompts that repeat (so n-gram lookup has matches); interleaved, median of `repeats`."""
-    from draftsmith.runtime.drafting import build_drafter
-    from draftsmith.runtime.engine import generate_plain
-    from draftsmith.runtime.sampling import SamplingParams
-    from draftsmith.runtime.speculative import generate_speculative
-    from draftsmith.runtime.tree import chain
+    from draftsmith.runtime.core.engine import generate_plain
+    from draftsmith.runtime.core.speculative import generate_speculative
+    from draftsmith.runtime.drafters.drafting import build_drafter
+    from draftsmith.runtime.verify.sampling import SamplingParams
+    from draftsmith.runtime.verify.tree import chain
 
     g = torch.Generator().manual_seed(0)
     ids = [
@@ -238,8 +238,8 @@ def main() -> None:
     )
     parser.add_argument("--out", default="runs/gpu-check/measure.json")
     args = parser.parse_args()
-    from draftsmith.runtime.roofline import machine_rates
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.bench.roofline import machine_rates
+    from draftsmith.runtime.core.target import Target
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@
 
 A random 8-layer Llama (H 512, MLP 1536, 8/4 heads, V 8192, fp32; saved once under --dir) runs
 `Target.forward` over 4 rows of 256 tokens per rank (a capture of aux layers 1, 3, 6), best of 5. `tp`
-is runtime/placement.py (the rows of a TP group are one set); `fsdp` is FSDP2's `fully_shard` over each
+is runtime/core/placement.py (the rows of a TP group are one set); `fsdp` is FSDP2's `fully_shard` over each
 layer, the embedding, the final norm and the LM head (every rank its own rows). Each rank prints its
 parameter bytes, its host peak RSS over the start, and the forward time.
 """
@@ -65,8 +65,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
     from draftsmith.data_recipes.capture import capture_batch
-    from draftsmith.runtime.placement import Layout, resident_bytes
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.placement import Layout, resident_bytes
+    from draftsmith.runtime.core.target import Target
 
     start = rss_mb("VmRSS")
     layout = Layout(world, world, rank) if args.placement == "tp" else None

@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from draftsmith.runtime import eagle3 as eagle3_module
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.heads import eagle3 as eagle3_module
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train import eagle3_objective
 from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss, ttt_loss_ref
 

@@ -49,7 +49,7 @@ for _ in range(3):
     res["after-free-attention"].append(timed("after", free))
 for k, v in res.items():
     print(k, [round(x, 2) for x in v], "median", round(statistics.median(v), 2))
-from draftsmith.runtime.target import Target  # noqa: E402
+from draftsmith.runtime.core.target import Target  # noqa: E402
 from draftsmith.train.eagle3_data import online_batch  # noqa: E402
 
 full = Target.load("smollm2-135m", device="cpu", dtype="float32")

@@ -12,8 +12,8 @@ import dataclasses
 
 import torch
 
-from draftsmith.runtime.eagle3 import Eagle3Head, load_head, save_head
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.heads.eagle3 import Eagle3Head, load_head, save_head
 
 target = Target.load("smollm2-135m", device="cpu")
 base = load_head("runs/eagle3-smollm2-135m/final", target)

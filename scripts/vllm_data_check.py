@@ -10,7 +10,7 @@ Run from the repository root in draftsmith's venv (the vLLM side runs in .venv-v
 scripts/check_vllm_data.sh calls these. Exit 1 when a check fails.
 
 - regen-agree: two regenerated folders of the same prepared DIR, greedy. Per conversation, the first
-  assistant turn whose texts differ is judged by runtime/near_tie.py as the bench does: the target's
+  assistant turn whose texts differ is judged by runtime/verify/near_tie.py as the bench does: the target's
   logit gap between the two tokens at the first differing position, after the common history; later
   turns of that conversation take that verdict (their prompts differ already). The token lists are the
   answers re-tokenized (the folders store text), which can only make a tie look like a real difference.
@@ -43,7 +43,7 @@ def messages_by_id(folder) -> dict[str, list[dict]]:
 def agreement(target, a: dict, b: dict) -> dict:
     """Greedy agreement of regenerated conversations `b` with `a` (the reference), near-ties judged."""
     from draftsmith.data_recipes.regenerate import assistant_turns, chat_prompt_ids
-    from draftsmith.runtime.near_tie import first_mismatch
+    from draftsmith.runtime.verify.near_tie import first_mismatch
 
     turns = identical = 0
     mismatches = []
@@ -76,7 +76,7 @@ def agreement(target, a: dict, b: dict) -> dict:
 
 
 def cmd_regen_agree(args) -> int:
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     target = Target.load(args.target, device="cpu", dtype="float32")
     result = agreement(target, messages_by_id(args.draftsmith), messages_by_id(args.vllm))
@@ -130,8 +130,8 @@ def cmd_bench(args) -> int:
     from draftsmith.data_recipes import regenerate as regen
     from draftsmith.data_recipes import vllm_regenerate as vregen
     from draftsmith.data_recipes.vllm_engine import TargetView, find_python
-    from draftsmith.runtime.sampling import SamplingParams
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
+    from draftsmith.runtime.verify.sampling import SamplingParams
 
     target = Target.load(args.target, device="cpu", dtype="float32")
     view = TargetView.load(args.target, dtype="float32")

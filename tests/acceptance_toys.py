@@ -15,8 +15,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from draftsmith.runtime.acceptance import Verdict, accept_sampled, generator_coin, generator_draw
-from draftsmith.runtime.sampling import SamplingParams, logits_to_probs
+from draftsmith.runtime.verify.acceptance import Verdict, accept_sampled, generator_coin, generator_draw
+from draftsmith.runtime.verify.sampling import SamplingParams, logits_to_probs
 
 # ----------------------------------------------------------------------------------------------------
 # Toy language model and drafting

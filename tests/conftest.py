@@ -15,13 +15,13 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_target(tiny_dir):
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     return Target.load(str(tiny_dir), device="cpu")
 
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     return Target.load("smollm2-135m", device="cpu", dtype="float32")

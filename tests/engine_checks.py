@@ -6,7 +6,7 @@ from collections import Counter
 
 import torch
 
-from draftsmith.runtime.sampling import logits_to_probs
+from draftsmith.runtime.verify.sampling import logits_to_probs
 
 
 def make_prompts(n, seed=0, repeat=True):

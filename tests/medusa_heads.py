@@ -3,9 +3,9 @@ vary) and heads fitted to the tiny target's greedy continuations (drafts accept)
 
 import torch
 
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.medusa import MedusaConfig, MedusaHeads, calibrate, with_accuracies
-from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads, calibrate, with_accuracies
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 GREEDY = SamplingParams()
 

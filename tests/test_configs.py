@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.runtime.config import load_config
-from draftsmith.runtime.demo import DemoConfig
+from draftsmith.runtime.cli.demo import DemoConfig
+from draftsmith.runtime.core.config import load_config
 from draftsmith.train.config import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -34,7 +34,7 @@ def test_config_loads(path):
 
 
 def test_demo_config_rejects_bad_values():
-    from draftsmith.runtime.errors import BadInputError
+    from draftsmith.runtime.core.errors import BadInputError
 
     with pytest.raises(BadInputError, match="repeats"):
         load_config(DemoConfig, CONFIGS / "demo-smollm2-135m.yaml", ["repeats=0"])

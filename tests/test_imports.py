@@ -22,19 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["accelerate", "deepspeed", "datasets", "wandb"]
 PACKAGES = {"runtime": "draftsmith.runtime", "train": "draftsmith.train", "kernels": "draftsmith.kernels",
             "data_recipes": "draftsmith.data_recipes", "configs": "draftsmith.configs"}  # fmt: skip
-# The CLI, demo and bench layer of draftsmith.runtime (runtime/__init__.py names it): it may import
-# everything. Every other runtime module is the serving core. A new module is core unless listed here.
+# The CLI, demo and bench layer of draftsmith.runtime (runtime/__init__.py names it): its sub-packages
+# `cli` and `bench` may import everything. Every other runtime module is the serving core.
+FRONT_PACKAGES = ("draftsmith.runtime.cli", "draftsmith.runtime.bench")
 FRONT = {
-    f"draftsmith.runtime.{name}"
-    for name in (
-        "cli", "cli_args", "cli_bench", "cli_data", "cli_export", "demo", "bench", "bench_methods",
-        "bench_report", "bench_run", "bench_types", "prompt_sets", "roofline", "side_by_side", "speed",
-        "vllm_method", "vllm_worker",
-    )
-}  # fmt: skip
-FRONT.add(
     "draftsmith.train.__main__"
-)  # what `accelerate launch -m draftsmith.train` runs: the CLI's train verb
+}  # what `accelerate launch -m draftsmith.train` runs: the CLI's train verb
 
 
 # ---- the import graph, read from the source ---------------------------------------------------------------
@@ -117,7 +110,11 @@ def import_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
 
 # ---- the rule ---------------------------------------------------------------------------------------------
 def layer(module: str) -> str:
-    if module in FRONT:
+    if (
+        module in FRONT
+        or module.startswith(tuple(f"{p}." for p in FRONT_PACKAGES))
+        or module in FRONT_PACKAGES
+    ):
         return "front"
     return module.split(".")[1]  # runtime (the serving core), train, data_recipes, kernels, configs
 
@@ -196,40 +193,52 @@ def test_no_import_cycle_among_draftsmith_modules():
 def test_front_layer_names_real_modules():
     mods = draftsmith_modules()
     assert not sorted(FRONT - set(mods)), "FRONT names modules that do not exist"
-    doc = (ROOT / "runtime" / "__init__.py").read_text()
-    runtime = [m.rpartition(".")[2] for m in FRONT if m.startswith("draftsmith.runtime.")]
-    assert not [m for m in runtime if f"`{m}`" not in doc], "runtime/__init__.py names the layer"
+    assert all(p in mods for p in FRONT_PACKAGES), "FRONT_PACKAGES names packages that do not exist"
+
+
+def test_every_package_docstring_names_its_modules():
+    """Each package's map (its __init__ docstring) names every module and sub-package in it, as `name`."""
+    missing = []
+    for init in sorted(ROOT.glob("*/**/__init__.py")):
+        if not any(init.is_relative_to(ROOT / folder) for folder in PACKAGES):
+            continue
+        doc = init.read_text()
+        folder = init.parent
+        names = [f.stem for f in folder.glob("*.py") if f.stem not in ("__init__", "__main__")]
+        names += [d.name for d in folder.iterdir() if (d / "__init__.py").is_file()]
+        missing += [f"{folder.relative_to(ROOT)}/{n}" for n in sorted(names) if f"`{n}`" not in doc]
+    assert not missing, "not named in their package's docstring: " + ", ".join(missing)
 
 
 def test_checker_sees_function_local_and_dynamic_imports(tmp_path):
     """The checker itself: a function-local import of the trainer, a dynamic import and a two-module cycle
     are found; a TYPE_CHECKING import is not."""
-    (tmp_path / "runtime").mkdir()
-    (tmp_path / "train").mkdir()
+    for sub in ("runtime/core", "runtime/verify", "train"):
+        (tmp_path / sub).mkdir(parents=True)
     (tmp_path / "data_recipes").mkdir()
     (tmp_path / "data_recipes" / "vocab.py").write_text("")
-    (tmp_path / "runtime" / "engine.py").write_text(
+    (tmp_path / "runtime" / "core" / "engine.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import draftsmith.train.heads\n"
         "def f():\n    from draftsmith.train import export\n"
     )
-    (tmp_path / "runtime" / "tree.py").write_text(
+    (tmp_path / "runtime" / "verify" / "tree.py").write_text(
         "import importlib\nimportlib.import_module('draftsmith.data_recipes.vocab')\n"
-        "from draftsmith.runtime.kv_cache import KVCache\n"
+        "from draftsmith.runtime.core.kv_cache import KVCache\n"
     )
-    (tmp_path / "runtime" / "kv_cache.py").write_text("def g():\n    from . import tree\n")
+    (tmp_path / "runtime" / "core" / "kv_cache.py").write_text("def g():\n    from ..verify import tree\n")
     (tmp_path / "train" / "export.py").write_text("")
     (tmp_path / "train" / "heads.py").write_text("")
     graph = import_graph(tmp_path)
-    assert graph["draftsmith.runtime.engine"] == {"draftsmith.train.export": 5}
-    assert graph["draftsmith.runtime.tree"] == {
+    assert graph["draftsmith.runtime.core.engine"] == {"draftsmith.train.export": 5}
+    assert graph["draftsmith.runtime.verify.tree"] == {
         "draftsmith.data_recipes.vocab": 2,
-        "draftsmith.runtime.kv_cache": 3,
+        "draftsmith.runtime.core.kv_cache": 3,
     }
     assert forbidden_edges(graph) == [
-        "draftsmith.runtime.engine (line 5) -> draftsmith.train.export [runtime -> train]",
-        "draftsmith.runtime.tree (line 2) -> draftsmith.data_recipes.vocab [runtime -> data_recipes]",
+        "draftsmith.runtime.core.engine (line 5) -> draftsmith.train.export [runtime -> train]",
+        "draftsmith.runtime.verify.tree (line 2) -> draftsmith.data_recipes.vocab [runtime -> data_recipes]",
     ]
-    assert import_cycles(graph) == [["draftsmith.runtime.kv_cache", "draftsmith.runtime.tree"]]
+    assert import_cycles(graph) == [["draftsmith.runtime.core.kv_cache", "draftsmith.runtime.verify.tree"]]
 
 
 # ---- the same rule, by running imports --------------------------------------------------------------------
@@ -245,17 +254,17 @@ def modules_after(code: str) -> set[str]:
 
 def test_runtime_imports_without_training_stack():
     loaded = modules_after(
-        "import draftsmith.runtime, draftsmith.runtime.target, draftsmith.runtime.engine,"
-        " draftsmith.runtime.side_by_side, draftsmith.runtime.demo, draftsmith.runtime.cli,"
-        " draftsmith.runtime.head_kinds, draftsmith.runtime.drafting"
+        "import draftsmith.runtime, draftsmith.runtime.core.target, draftsmith.runtime.core.engine,"
+        " draftsmith.runtime.bench.side_by_side, draftsmith.runtime.cli.demo, draftsmith.runtime.cli.main,"
+        " draftsmith.runtime.heads.head_kinds, draftsmith.runtime.drafters.drafting"
     )
-    assert "draftsmith.runtime.target" in loaded
+    assert "draftsmith.runtime.core.target" in loaded
     assert not [m for m in HEAVY if m in loaded]
     assert not [m for m in loaded if m.startswith(("draftsmith.train", "draftsmith.data_recipes"))]
 
 
 def test_cli_module_is_light():
-    loaded = modules_after("import draftsmith.runtime.cli")
+    loaded = modules_after("import draftsmith.runtime.cli.main")
     assert "torch" not in loaded and "transformers" not in loaded
 
 

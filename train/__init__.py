@@ -11,7 +11,7 @@ and offline batches), `mtp_objective` (MTP modules: distillation or data labels,
 `medusa_objective` (Medusa-1 heads: per-head soft or data cross-entropy, the sparse tree's calibration),
 `cotrain` (LoRA / full co-training of the target, the drift report), `heads` (the EAGLE-3 and MTP
 objectives: what the loop needs per head kind), `objectives` (the registry of objectives by head kind;
-runtime/head_kinds.py registers the kinds), `trainer` (the loop, numerics guard), `accelerator_setup`
+runtime/heads/head_kinds.py registers the kinds), `trainer` (the loop, numerics guard), `accelerator_setup`
 (process group, precision, DeepSpeed), `checkpoints` (atomic, rotated, exact resume), `metrics`
 (metrics.jsonl, trackers, the PNG curve), `preflight`, `preflight_shapes` and `preflight_report` (the
 memory estimate before anything loads), `process_group`, `loader`, `hub` (Hub push), `export`

@@ -10,7 +10,7 @@ os._exit after flushing: gloo can deadlock in its destructor at interpreter exit
 import os
 import sys
 
-from draftsmith.runtime.cli import main
+from draftsmith.runtime.cli.main import main
 
 if __name__ == "__main__":
     code = main(["train", *sys.argv[1:]])

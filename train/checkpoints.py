@@ -20,9 +20,9 @@ import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
-from draftsmith.runtime.artifacts import content_hash
-from draftsmith.runtime.config import atomic_write_text
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.core.artifacts import content_hash
+from draftsmith.runtime.core.config import atomic_write_text
+from draftsmith.runtime.core.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 STATE_FILE = "trainer_state.json"

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from draftsmith.runtime import head_kinds
-from draftsmith.runtime.config import load_config
-from draftsmith.runtime.errors import BadInputError, check_output_dir
-from draftsmith.runtime.head_kind import HeadSection
+from draftsmith.runtime.core.config import load_config
+from draftsmith.runtime.core.errors import BadInputError, check_output_dir
+from draftsmith.runtime.heads import head_kinds
+from draftsmith.runtime.heads.head_kind import HeadSection
 
 
 def default_head() -> HeadSection:
@@ -24,7 +24,7 @@ def default_head() -> HeadSection:
 
 @dataclass
 class CotrainConfig:
-    """Train the target with the head, for kinds that allow it (runtime/head_kinds.py, `cotrain=True`:
+    """Train the target with the head, for kinds that allow it (runtime/heads/head_kinds.py, `cotrain=True`:
     MTP, loss = L_next + mtp_weight * sum_m decay**m L_m)."""
 
     enabled: bool = False
@@ -116,13 +116,14 @@ class TrainConfig:
     output_dir: str = "runs/eagle3"
     device: str = "auto"
     dtype: str = "auto"  # the target's compute dtype
-    # The frozen target across processes (runtime/placement.py): replicate = whole on every rank; tp = each
+    # The frozen target across processes (runtime/core/placement.py): replicate = whole on every rank; tp =
+    # each
     # decoder layer split over the tp_size ranks of a group (None: all of them), the head data-parallel
     # over the world / tp_size groups. Online training and the capture inside the job (offline reads parts).
     target_placement: Literal["replicate", "tp"] = "replicate"
     tp_size: int | None = None
-    # `head:` is the section of the kind `head.type` names (runtime/eagle3_kind.py Eagle3Section,
-    # runtime/mtp_kind.py MtpSection, ...): that kind's keys only
+    # `head:` is the section of the kind `head.type` names (runtime/heads/eagle3_kind.py Eagle3Section,
+    # runtime/heads/mtp_kind.py MtpSection, ...): that kind's keys only
     head: HeadSection = field(default_factory=default_head, metadata={"section": head_kinds.section_class})
     cotrain: CotrainConfig = field(default_factory=CotrainConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.core.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 

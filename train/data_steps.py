@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from draftsmith.data_recipes.common import check_same_target, fingerprint, read_record
-from draftsmith.runtime.artifacts import content_hash
-from draftsmith.runtime.errors import BadInputError, renamed_fields
-from draftsmith.runtime.targets import cache_root
+from draftsmith.runtime.core.artifacts import content_hash
+from draftsmith.runtime.core.errors import BadInputError, renamed_fields
+from draftsmith.runtime.core.targets import cache_root
 
 log = logging.getLogger("draftsmith")
 PATH_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gguf")  # names ending so are file paths
@@ -101,8 +101,8 @@ def ensure_data(cfg, target, aux_layers, progress: bool = True, acc=None) -> Dat
 def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
     from draftsmith.data_recipes.capture import capture, capture_done
     from draftsmith.data_recipes.parts import require_whole
-    from draftsmith.runtime.placement import configured_tp, driving, follow
-    from draftsmith.runtime.target_parts import PartsOnlyError
+    from draftsmith.runtime.core.placement import configured_tp, driving, follow
+    from draftsmith.runtime.core.target_parts import PartsOnlyError
     from draftsmith.train.process_group import rank0_first, wait_for_ranks
 
     d, root = cfg.data, data_root(cfg, target)

@@ -38,7 +38,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.runtime.eagle3 import Eagle3Head
+from draftsmith.runtime.heads.eagle3 import Eagle3Head
 from draftsmith.train.ttt_attention import ttt_attention
 
 ATTENTIONS = ("decomposed", "dense")

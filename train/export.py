@@ -6,8 +6,9 @@ model card, optionally pushed to the Hugging Face Hub.
     draftsmith export runs/eagle3-smollm2-135m --format speculators --out exports/spec --push-to-hub me/head
     draftsmith export runs/mtp-smollm2-135m --format mtp --out exports/mtp-deepseek
 
-Formats are the head kinds' layouts (runtime/head_kinds.py; each kind's writers and readers live with
-it, runtime/eagle3_kind.py and runtime/mtp_kind.py): `draftsmith` (our folder, the default), `eagle3`
+Formats are the head kinds' layouts (runtime/heads/head_kinds.py; each kind's writers and readers live with
+it, runtime/heads/eagle3_kind.py and runtime/heads/mtp_kind.py): `draftsmith` (our folder, the default),
+`eagle3`
 (official / SGLang layout; `--engine vllm` writes the aux-layer ids the way vLLM reads them),
 `speculators` (vLLM's native layout), `mtp` (DeepSeek layout: the target with the modules appended as
 layers), `mtp-mimo` (one module in MiMo's layout, which vLLM serves as `method: mtp`).
@@ -24,9 +25,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.runtime import head_kinds
-from draftsmith.runtime.errors import BadInputError, check_output_dir, read_json
-from draftsmith.runtime.head_kind import HeadKind, LayoutOptions
+from draftsmith.runtime.core.errors import BadInputError, check_output_dir, read_json
+from draftsmith.runtime.heads import head_kinds
+from draftsmith.runtime.heads.head_kind import HeadKind, LayoutOptions
 from draftsmith.train.model_card import CardFacts, bench_rows, model_card, run_facts
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ ENGINES = ("sglang", "vllm")
 
 
 def formats() -> dict[str, tuple[str, ...]]:
-    """Export format -> the head kinds it fits (runtime/head_kinds.py: each kind's layouts)."""
+    """Export format -> the head kinds it fits (runtime/heads/head_kinds.py: each kind's layouts)."""
     return head_kinds.formats()
 
 

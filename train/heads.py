@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftsmith.runtime.errors import DraftsmithError
+from draftsmith.runtime.core.errors import DraftsmithError
 from draftsmith.train.eagle3_data import offline_batch, online_batch, pad_rows
 from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss
 
@@ -97,7 +97,7 @@ class Eagle3Kind:
         target, aux_layers, draft_vocab: int, steps: int, cotrained: bool, options: dict
     ) -> nn.Module:
         """The head this objective trains, for `target` (a Target, or preflight's config-only stand-in)."""
-        from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
+        from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 
         return Eagle3Head(Eagle3Config.for_target(target, aux_layers, draft_vocab, **options))
 
@@ -115,7 +115,7 @@ class Eagle3Kind:
         return make_batch(self.target, rows, self.aux, device)
 
     def save_final(self, state: dict, folder) -> None:
-        from draftsmith.runtime.eagle3 import save_head
+        from draftsmith.runtime.heads.eagle3 import save_head
 
         save_head(load_partial(self.head.__class__(self.head.config), state, "head."), folder)
 
@@ -180,7 +180,7 @@ class MtpKind:
     def new_head(
         target, aux_layers, draft_vocab: int, steps: int, cotrained: bool, options: dict
     ) -> nn.Module:
-        from draftsmith.runtime.mtp import MtpConfig, MtpHead
+        from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 
         return MtpHead(MtpConfig.for_target(target, steps, cotrained=cotrained, **options))
 
@@ -213,8 +213,8 @@ class MtpKind:
         the head records the weights it must be served with."""
         from pathlib import Path
 
-        from draftsmith.runtime.artifacts import weights_hash
-        from draftsmith.runtime.mtp import save_head
+        from draftsmith.runtime.core.artifacts import weights_hash
+        from draftsmith.runtime.heads.mtp import save_head
         from draftsmith.train.cotrain import save_cotrained_target
 
         head = load_partial(self.head.__class__(self.head.config), state, "head.")

@@ -24,8 +24,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftsmith.runtime.medusa import MedusaConfig, MedusaHeads, rank_hits, with_accuracies
-from draftsmith.runtime.medusa_kind import MedusaSection  # the `head:` section (the runtime declares it)
+from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads, rank_hits, with_accuracies
+from draftsmith.runtime.heads.medusa_kind import (
+    MedusaSection,
+)  # the `head:` section (the runtime declares it)
 from draftsmith.train.eagle3_objective import TTTOutput
 from draftsmith.train.mtp_objective import shift, teacher_positions
 

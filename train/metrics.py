@@ -18,8 +18,8 @@ import logging
 import os
 from pathlib import Path
 
-from draftsmith.runtime.config import atomic_write_text
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.core.config import atomic_write_text
+from draftsmith.runtime.core.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 METRICS_FILE = "metrics.jsonl"

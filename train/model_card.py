@@ -3,7 +3,7 @@ measured (with the command that measured it) and how to serve it.
 
     card = model_card(CardFacts(format="eagle3", head_type="eagle3", target="HuggingFaceTB/...", ...))
 
-A kind's words (its title) and each layout's serve text come from the registry (runtime/head_kinds.py).
+A kind's words (its title) and each layout's serve text come from the registry (runtime/heads/head_kinds.py).
 
 Every number in a card comes from a file the run or a benchmark wrote (`run_facts`, `bench_rows`,
 `vllm_check`); a card never states a figure nobody measured, it says "not measured" instead.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith.runtime import head_kinds
-from draftsmith.runtime.errors import BadInputError, read_json
-from draftsmith.runtime.head_kind import ServeArgs
+from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.heads import head_kinds
+from draftsmith.runtime.heads.head_kind import ServeArgs
 
 BENCH_META = ("date", "machine", "threads", "prompt_set", "command", "versions")
 DATASETS = {"sharegpt": "anon8231489123/ShareGPT_Vicuna_unfiltered"}
@@ -28,7 +28,7 @@ DATASETS = {"sharegpt": "anon8231489123/ShareGPT_Vicuna_unfiltered"}
 @dataclass
 class CardFacts:
     format: str  # an export layout of the head's kind (draftsmith, eagle3, speculators, mtp, ...)
-    head_type: str  # the head kind (runtime/head_kinds.py)
+    head_type: str  # the head kind (runtime/heads/head_kinds.py)
     target: str
     repo_id: str | None = None  # where it is (or will be) published; the serve commands use it
     license: str = "other"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from draftsmith.runtime.mtp import MtpHead, module_mask
+from draftsmith.runtime.heads.mtp import MtpHead, module_mask
 from draftsmith.train.eagle3_objective import TTTOutput
 
 

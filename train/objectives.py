@@ -1,4 +1,4 @@
-"""The registry of training objectives, one per head kind (runtime/head_kinds.py registers the kinds;
+"""The registry of training objectives, one per head kind (runtime/heads/head_kinds.py registers the kinds;
 their objectives are registered here so the runtime never imports the trainer).
 
     kind = objective(cfg.head.type)(cfg, target, aux_layers, paths)   # what the loop trains (train/heads.py)
@@ -11,8 +11,8 @@ entry in OBJECTIVES.
 
 from __future__ import annotations
 
-from draftsmith.runtime import head_kinds
-from draftsmith.runtime.errors import DraftsmithError
+from draftsmith.runtime.core.errors import DraftsmithError
+from draftsmith.runtime.heads import head_kinds
 from draftsmith.train.heads import Eagle3Kind, MtpKind
 from draftsmith.train.medusa_objective import MedusaKind
 

@@ -23,7 +23,7 @@ train/heads.py, train/mtp_objective.py):
 
 Peak = resident + the larger of batch building and the step. Positions count as supervised everywhere
 and rows at full length (the worst case). `Setup.tp` > 1 is `target_placement=tp` over that many ranks
-(runtime/placement.py: the layers split, the embedding, final norm and LM head whole on every rank); the
+(runtime/core/placement.py: the layers split, the embedding, final norm and LM head whole on every rank); the
 report also tries it as a what-if to say what would fit. Activation dtypes follow the precision: "fp32"
 (CPU runs), "amp" (autocast over float32 parameters: DDP/FSDP on GPUs), "half" (DeepSpeed's bf16 module,
 no autocast). Sizes are estimates; GB are 1e9 bytes.
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters, lora_parameters
 
 # DeepSpeed's defaults (its zero_optimization docs): reduce_bucket_size and stage3_max_live_parameters.
@@ -66,7 +66,7 @@ class Knobs:
     @classmethod
     def from_config(cls, cfg, shapes: TargetShapes) -> Knobs:
         """The knobs of a TrainConfig, checked against the target as the trainer checks them."""
-        from draftsmith.runtime.aux_layers import resolve_aux_layers
+        from draftsmith.runtime.heads.aux_layers import resolve_aux_layers
         from draftsmith.train.objectives import objective
 
         h, c, kind = cfg.head, cfg.cotrain, objective(cfg.head.type)
@@ -227,7 +227,7 @@ def estimate(shapes: TargetShapes, knobs: Knobs, setup: Setup, head_params: int 
 def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) -> list[Term]:
     whole = s.param_bytes + s.buffer_bytes
     offline = k.mode == "offline" and k.cotrain is None
-    # tensor parallel (runtime/placement.py): the layers split, embedding + norm + LM head whole per rank
+    # tensor parallel (runtime/core/placement.py): the layers split, embedding + norm + LM head whole per rank
     weights = s.part_bytes if offline else s.part_bytes + (whole - s.part_bytes) / setup.tp
     where = (
         "embedding + final norm + LM head (offline: the parts the batches read)"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, renamed_fields
 from draftsmith.train.objectives import objective
 from draftsmith.train.preflight import Estimate, Knobs, Setup, count, estimate
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters
@@ -156,8 +156,9 @@ def estimate_cached(shapes: TargetShapes, knobs: Knobs, setup: Setup) -> Estimat
 
 def tp_sizes(shapes: TargetShapes, world: int) -> list[int]:
     """The sizes > 1 `target_placement=tp` takes for this target over `world` ranks on one node
-    (runtime/placement.py's checks: the family's plan, heads and MLP divisible, a divisor of the world)."""
-    from draftsmith.runtime.placement import check_placement
+    (runtime/core/placement.py's checks: the family's plan, heads and MLP divisible, a divisor of the
+    world)."""
+    from draftsmith.runtime.core.placement import check_placement
 
     sizes = []
     for tp in range(2, world + 1):
@@ -276,7 +277,7 @@ def setup_of(acc, precision: str) -> Setup:
 
 
 def load_shapes(cfg, device_type: str, resolve: bool) -> TargetShapes:
-    from draftsmith.runtime.target import pick_dtype
+    from draftsmith.runtime.core.target import pick_dtype
 
     with renamed_fields({"--target": "target", "--dtype": "dtype"}):
         return TargetShapes.load(cfg.target, pick_dtype(cfg.dtype, torch.device(device_type)), resolve)
@@ -285,7 +286,7 @@ def load_shapes(cfg, device_type: str, resolve: bool) -> TargetShapes:
 def check_before_load(cfg, acc) -> Estimate | None:
     """Estimate this run before its target loads; print the table; refuse (train.preflight=check) or
     warn when it exceeds the device's memory."""
-    from draftsmith.runtime.placement import configured_tp
+    from draftsmith.runtime.core.placement import configured_tp
 
     setup = replace(setup_of(acc, cfg.train.mixed_precision), tp=configured_tp(cfg, acc.num_processes))
     shapes = load_shapes(cfg, setup.device, resolve=True)
@@ -310,7 +311,7 @@ def check_before_load(cfg, acc) -> Estimate | None:
 def preflight_report(cfg, world_size: int | None = None) -> str:
     """`draftsmith train --preflight`: the table for every strategy over the ranks, and what would fit
     under the best one; reads the target's config.json only."""
-    from draftsmith.runtime.placement import check_placement
+    from draftsmith.runtime.core.placement import check_placement
 
     cuda = torch.cuda.is_available()
     device = "cpu" if cfg.device == "cpu" else "cuda"  # without a GPU the table models one

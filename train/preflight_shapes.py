@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.core.errors import BadInputError
 
 if TYPE_CHECKING:
     from draftsmith.train.preflight import Knobs
 
-HUB_ID = r"[A-Za-z0-9][\w.-]*/[\w.-]+"  # owner/name, as runtime/targets.py reads a Hub id
+HUB_ID = r"[A-Za-z0-9][\w.-]*/[\w.-]+"  # owner/name, as runtime/core/targets.py reads a Hub id
 
 
 def shipped_targets() -> dict[str, Path]:
@@ -34,11 +34,11 @@ def read_target_config(spec: str, resolve: bool = False):
     """A target spec -> (its transformers config, its name), reading no weights: a config.json file, a
     model folder (its config.json), a Hub id shipped under configs/targets/ (else its config.json from
     the Hub cache or the Hub), or a GGUF / alias (its metadata). `resolve`: a local target or an alias
-    as a training run finds it next anyway (runtime/targets.py resolve_target: the same checks and
+    as a training run finds it next anyway (runtime/core/targets.py resolve_target: the same checks and
     errors, a GGUF converted once); a Hub id still by its config.json (its weights download after)."""
     from transformers import AutoConfig
 
-    from draftsmith.runtime.targets import (
+    from draftsmith.runtime.core.targets import (
         ALIASES,
         SUPPORTED_MODEL_TYPES,
         check_gguf,
@@ -70,7 +70,7 @@ def read_target_config(spec: str, resolve: bool = False):
         )
     if not source.is_file():
         raise BadInputError("target", spec, "a model folder with a config.json")
-    from draftsmith.runtime.errors import read_json
+    from draftsmith.runtime.core.errors import read_json
 
     read_json(source, "target")  # malformed JSON is refused naming the file
     return _checked(AutoConfig.from_pretrained(str(source)), spec, SUPPORTED_MODEL_TYPES), name

@@ -4,7 +4,7 @@
     accelerate launch --config_file configs/accelerate/ddp-cpu.yaml -m draftsmith.train --config ...
 
 A run: load the target (frozen, or made trainable for MTP co-training; in offline mode only its
-embedding, final norm and LM head, `runtime/target_parts.py`), run the data steps it needs
+embedding, final norm and LM head, `runtime/core/target_parts.py`), run the data steps it needs
 (cached), build the head and its objective (`objectives.objective(head.type)`, train/heads.py), then
 AdamW with linear warmup and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row
 goes to metrics.jsonl (and the tracker), every `eval.every` steps the validation split is scored (loss,
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.config import save_config
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
+from draftsmith.runtime.core.config import save_config
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, renamed_fields
 from draftsmith.train.accelerator_setup import build_accelerator, fill_deepspeed_config, no_zero3_init
 from draftsmith.train.checkpoints import (
     cfg_fingerprint,
@@ -70,12 +70,12 @@ def all_finite(accelerator, value: torch.Tensor) -> bool:
 
 
 def load_target(cfg, acc, whole: bool = False):
-    """The frozen target: offline (data.mode), only the parts the batches read (runtime/target_parts.py),
+    """The frozen target: offline (data.mode), only the parts the batches read (runtime/core/target_parts.py),
     unless `whole`; online, every layer (target_placement=tp: this rank's tensor-parallel shard of each,
-    runtime/placement.py). Errors name the config key `target`."""
-    from draftsmith.runtime.placement import resident_bytes
-    from draftsmith.runtime.target import Target
-    from draftsmith.runtime.target_parts import TargetParts
+    runtime/core/placement.py). Errors name the config key `target`."""
+    from draftsmith.runtime.core.placement import resident_bytes
+    from draftsmith.runtime.core.target import Target
+    from draftsmith.runtime.core.target_parts import TargetParts
 
     with no_zero3_init(acc), renamed_fields({"--target": "target"}):
         if cfg.data.mode == "offline" and not whole:
@@ -95,16 +95,16 @@ def load_target(cfg, acc, whole: bool = False):
 
 
 def target_layout(cfg, acc):
-    """This rank's place on the (dp, tp) mesh of `target_placement` (runtime/placement.py), checked
+    """This rank's place on the (dp, tp) mesh of `target_placement` (runtime/core/placement.py), checked
     against the target's config before anything loads (exit 2 naming target_placement or tp_size)."""
-    from draftsmith.runtime.placement import Layout, check_placement
+    from draftsmith.runtime.core.placement import Layout, check_placement
 
     world, rank = acc.num_processes, acc.process_index
     if cfg.target_placement == "replicate":
         return Layout(1, world, rank)
     from transformers import AutoConfig
 
-    from draftsmith.runtime.targets import resolve_target
+    from draftsmith.runtime.core.targets import resolve_target
 
     with renamed_fields({"--target": "target"}):
         config = AutoConfig.from_pretrained(resolve_target(cfg.target).path)
@@ -114,7 +114,7 @@ def target_layout(cfg, acc):
 
 class Trainer:
     def __init__(self, cfg):
-        from draftsmith.runtime.aux_layers import resolve_aux_layers
+        from draftsmith.runtime.heads.aux_layers import resolve_aux_layers
 
         self.cfg = cfg
         self.out = Path(cfg.output_dir)
@@ -201,7 +201,7 @@ class Trainer:
     def data_steps(self):
         """ensure_data; offline with a capture still to make (data_steps raises PartsOnlyError on every
         rank alike), the whole target is loaded for the capture alone and dropped after it."""
-        from draftsmith.runtime.target_parts import PartsOnlyError
+        from draftsmith.runtime.core.target_parts import PartsOnlyError
 
         cfg, acc = self.cfg, self.acc
         try:

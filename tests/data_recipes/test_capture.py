@@ -23,8 +23,8 @@ from draftsmith.data_recipes.capture import (
     resolve_aux_layers,
 )
 from draftsmith.data_recipes.common import RECORD_FILE, StepRecord, fingerprint, finish, read_record
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError
 
 AUX = (0, 1, 2)  # the tiny target has 3 layers; the default formula needs >= 7
 
@@ -265,7 +265,7 @@ def test_aux_layer_defaults_and_validation(tiny_target, data, tmp_path):
     from tiny_models import tiny_config, tiny_tokenizer
     from transformers import AutoModelForCausalLM
 
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     assert default_aux_layers(30) == (1, 14, 26)  # SmolLM2-135M
     assert default_aux_layers(32) == (1, 15, 28)  # Llama-3.1-8B, SGLang/SpecForge ids

@@ -10,9 +10,9 @@ import pytest
 from draftsmith.data_recipes import regenerate as regen
 from draftsmith.data_recipes.common import read_record
 from draftsmith.data_recipes.prepare import prepare
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 CONVERSATIONS = [
     [{"role": "user", "content": "w1 w2 w3"}, {"role": "assistant", "content": "w4 w5"}],
@@ -136,7 +136,7 @@ def test_bad_inputs(tiny_target, prepared, tmp_path):
 
 
 def test_cli_regenerate(tiny_dir, prepared, tmp_path, capsys):
-    from draftsmith.runtime.cli import main
+    from draftsmith.runtime.cli.main import main
 
     argv = ["data", "regenerate", "--target", str(tiny_dir), "--data", str(prepared), "--max-new-tokens", "4"]
     assert main([*argv, "--out", str(tmp_path / "regen")]) == 0

@@ -21,9 +21,9 @@ from draftsmith.data_recipes.common import RECORD_FILE, read_record
 from draftsmith.data_recipes.parts import balanced_range, load_prepared, part_name, require_whole, shard_range
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.data_recipes.vocab import VOCAB_FILE, write_draft_vocab
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 AUX = (0, 1, 2)
 OPTIONS = {

@@ -12,7 +12,7 @@ from train_data import write_conversations
 from draftsmith.data_recipes.capture_storage import human_bytes
 from draftsmith.data_recipes.common import RECORD_FILE
 from draftsmith.data_recipes.step_summary import folder_bytes, summary_line
-from draftsmith.runtime.cli import main
+from draftsmith.runtime.cli.main import main
 
 
 def last_line(err: str) -> str:

@@ -11,7 +11,7 @@ capture agrees with the one-process capture to float32 rounding, bounded by test
 layers at the rows' length. The negative control, a checkpoint whose layer-1 query heads sit in the
 other rank's half (what a wrong shard order gives), misses that bound by more than 5x. Regeneration is
 greedy on a target whose logits are sharpened (tests/tiny_models.py: the LM head x 8), so its top-two
-gaps are orders of magnitude above a 4-ulp near tie of runtime/near_tie.py and the answers must be
+gaps are orders of magnitude above a 4-ulp near tie of runtime/verify/near_tie.py and the answers must be
 identical; a failure reports whether the first difference was a near tie. Sampled regeneration under TP
 must be identical too: the group's rank 0 samples with the same per-(row, turn) generators.
 """
@@ -35,9 +35,9 @@ from draftsmith.data_recipes.capture import CaptureFolder
 from draftsmith.data_recipes.common import read_record
 from draftsmith.data_recipes.parts import require_whole
 from draftsmith.data_recipes.tp_steps import Launch, plan_step, wait_error
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.near_tie import first_mismatch
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.near_tie import first_mismatch
 
 ROOT = Path(__file__).resolve().parents[2]
 H, INTERMEDIATE, LAYERS, MAX_LENGTH = 64, 128, 3, 48
@@ -134,9 +134,9 @@ def assert_same_answers(got: Path, want: Path, target_dir: Path) -> None:
 
 
 def near_tie_verdict(target_dir: Path, history: list[dict], got: str, want: str):
-    """runtime/near_tie.py's verdict on the first differing token of two answers to `history`."""
+    """runtime/verify/near_tie.py's verdict on the first differing token of two answers to `history`."""
     from draftsmith.data_recipes.regenerate import chat_prompt_ids
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     target = Target.load(str(target_dir), device="cpu", dtype="float32")
     [got_ids, want_ids] = (target.tokenizer(t, add_special_tokens=False)["input_ids"] for t in (got, want))

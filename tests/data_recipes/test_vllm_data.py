@@ -19,9 +19,9 @@ from draftsmith.data_recipes.capture import capture, capture_row
 from draftsmith.data_recipes.capture_reader import CaptureFolder
 from draftsmith.data_recipes.common import Summary, fingerprint, read_record
 from draftsmith.data_recipes.prepare import prepare
-from draftsmith.runtime.engine import decode_batch
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.core.engine import decode_batch
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 CONVERSATIONS = [
     [{"role": "user", "content": "w1 w2 w3"}, {"role": "assistant", "content": "w4 w5"}],
@@ -204,7 +204,7 @@ def test_no_vllm_python_is_bad_input(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("step", ["regenerate", "capture"])
 def test_cli_exits_2_without_vllm(step, tiny_dir, prepared, tmp_path, capsys):
-    from draftsmith.runtime.cli import main
+    from draftsmith.runtime.cli.main import main
 
     argv = ["data", step, "--engine", "vllm", "--target", str(tiny_dir), "--data", str(prepared)]
     code = main(argv + ["--out", str(tmp_path / "o"), "--vllm-python", sys.executable])

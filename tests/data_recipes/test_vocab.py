@@ -14,8 +14,8 @@ from draftsmith.data_recipes.vocab import (
     validate_draft_vocab,
     write_draft_vocab,
 )
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError
 
 VOCAB = 12
 FP = {"target": "toy", "vocab_size": VOCAB, "tokenizer_hash": "t0", "template_hash": "c0"}

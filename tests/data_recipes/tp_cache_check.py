@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node 2 tests/data_recipes/tp_cache_check.py TARGET_DIR OUT_DIR
 
-Each rank loads its tensor-parallel shard of TARGET_DIR (runtime/placement.py) and the whole target. The
+Each rank loads its tensor-parallel shard of TARGET_DIR (runtime/core/placement.py) and the whole target. The
 group's rank 0 drives (`driving`), the other rank follows: (1) a fixed sequence of forwards with the KV
 cache changed between them by `compact`, `keep_prefixes`, `retain` and `crop` (each relayed to the
 follower's copy, which must stay in step or the next forward's all-reduce mixes other slots), and (2)
@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from draftsmith.runtime.drafting import build_drafter
-from draftsmith.runtime.placement import Layout, driving, follow
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import parse_tree_spec
+from draftsmith.runtime.core.placement import Layout, driving, follow
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.drafting import build_drafter
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec
 
 
 @torch.inference_mode()  # as the engine changes its caches
@@ -80,4 +80,4 @@ if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # gloo may abort in a subgroup's destructor at interpreter exit (runtime/cli.py)
+    os._exit(0)  # gloo may abort in a subgroup's destructor at interpreter exit (runtime/cli/main.py)

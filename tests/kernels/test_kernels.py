@@ -16,13 +16,13 @@ from draftsmith.kernels.reference import (
     kv_compact_ref,
     tree_attention_ref,
 )
-from draftsmith.runtime.acceptance import accept_greedy, accept_sampled
-from draftsmith.runtime.kernel_attention import use_kernel_attention
-from draftsmith.runtime.kv_cache import KVCache
-from draftsmith.runtime.masks import attention_mask
-from draftsmith.runtime.static_forward import _SESSIONS, static_session
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import ancestor_mask, parse_tree_spec
+from draftsmith.runtime.core.kernel_attention import use_kernel_attention
+from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.masks import attention_mask
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.static.forward import _SESSIONS, static_session
+from draftsmith.runtime.verify.acceptance import accept_greedy, accept_sampled
+from draftsmith.runtime.verify.tree import ancestor_mask, parse_tree_spec
 
 
 def chain_case(batch=5, k=3, vocab=37, seed=0, agree=0.6):
@@ -340,7 +340,7 @@ def test_tree_attention_flex_on_cuda_at_8b_shape(dtype, batch, nodes):
     assert_low_precision_attention_close(got, want, dtype)
 
 
-# ---- the kernel inside the target's layers (runtime/kernel_attention.py) -----------------------------
+# ---- the kernel inside the target's layers (runtime/core/kernel_attention.py) -----------------------------
 
 
 def tree_step_logits(target) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Tree acceptance (SpecInfer's multi-step rule, batched): the torch references against the runtime's
-proven per-row walk (runtime/acceptance.py) with the same uniforms, against the chain references on
+proven per-row walk (runtime/verify/acceptance.py) with the same uniforms, against the chain references on
 chains, and the Triton kernels (interpreter, fp32) against the references."""
 
 import os
@@ -18,7 +18,7 @@ from draftsmith.kernels.reference import (
     tree_accept_greedy_ref,
     tree_accept_ref,
 )
-from draftsmith.runtime.acceptance import accept_greedy, accept_sampled, children_lists
+from draftsmith.runtime.verify.acceptance import accept_greedy, accept_sampled, children_lists
 
 
 def random_parents(nodes: int, g: torch.Generator) -> list[int]:

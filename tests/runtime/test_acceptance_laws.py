@@ -1,4 +1,4 @@
-"""Statistical proof tests for the acceptance rules in `draftsmith.runtime.acceptance`.
+"""Statistical proof tests for the acceptance rules in `draftsmith.runtime.verify.acceptance`.
 
 Designs (the A labels are shared with test_acceptance_rules.py and test_speculative.py):
 
@@ -42,9 +42,9 @@ from acceptance_toys import (
     worst_position_excess,
 )
 
-from draftsmith.runtime import acceptance
-from draftsmith.runtime.acceptance import accept_sampled, children_lists
-from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.verify import acceptance
+from draftsmith.runtime.verify.acceptance import accept_sampled, children_lists
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 EXACT_TOL = 1e-12
 

@@ -1,4 +1,5 @@
-"""Unit tests for the acceptance rules in `draftsmith.runtime.acceptance`: golden cases and determinism.
+"""Unit tests for the acceptance rules in `draftsmith.runtime.verify.acceptance`: golden cases and
+determinism.
 
 Designs (the A labels are shared with test_acceptance_laws.py and test_speculative.py):
 
@@ -18,7 +19,7 @@ import torch
 from acceptance_toys import BINARY2, CHAIN3, HISTORY, random_parents, sample_draft, toy_pair, verifier_inputs
 from tolerances import rounding_atol
 
-from draftsmith.runtime.acceptance import (
+from draftsmith.runtime.verify.acceptance import (
     Verdict,
     accept_greedy,
     accept_sampled,
@@ -28,7 +29,7 @@ from draftsmith.runtime.acceptance import (
     generator_draw,
     updated_residual,
 )
-from draftsmith.runtime.sampling import greedy_tokens, make_generators
+from draftsmith.runtime.verify.sampling import greedy_tokens, make_generators
 
 # ----------------------------------------------------------------------------------------------------
 # 1. Golden unit cases (greedy)

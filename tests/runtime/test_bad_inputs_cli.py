@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
-from draftsmith.runtime import bench_report
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.mtp import MtpConfig, MtpHead, save_head
+from draftsmith.runtime.bench import report as bench_report
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, save_head
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_the_default_tree_fits_a_one_module_mtp_head(tiny_dir, one_module_head, 
 
 
 def test_benchs_default_trees_fit_a_one_module_mtp_head(one_module_head):
-    from draftsmith.runtime.bench_run import BenchRequest
+    from draftsmith.runtime.bench.run import BenchRequest
 
     head = f"mtp:{one_module_head}"
     specs = BenchRequest(drafts=[head, f"{head}#recursive", "ngram"], baselines=[]).method_specs()

@@ -17,10 +17,10 @@ import pytest
 import torch
 import yaml
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head, save_head
-from draftsmith.runtime.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.mtp import save_head as save_mtp
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.heads.mtp import save_head as save_mtp
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "eagle3-smollm2-135m.yaml"
 NOT_UTF8 = "caf\xe9 au lait".encode("latin-1")  # 0xe9 starts a UTF-8 sequence that never continues
@@ -201,7 +201,7 @@ def test_a_gguf_that_is_not_gguf_exits_2(tmp_path, capsys, monkeypatch):
 
 
 def test_a_cut_off_gguf_exits_2(tmp_path, capsys, monkeypatch):
-    from draftsmith.runtime.targets import ALIASES, embedded_gguf_path
+    from draftsmith.runtime.core.targets import ALIASES, embedded_gguf_path
 
     monkeypatch.setenv("DRAFTSMITH_CACHE", str(tmp_path / "cache"))
     cut = tmp_path / "cut.gguf"
@@ -282,7 +282,8 @@ def test_train_output_dir_naming_a_file_exits_2(tiny_dir, tmp_path, capsys, wher
 
 @pytest.mark.parametrize("where", ["a file", "under a file"])
 def test_bench_out_naming_a_file_is_refused_before_any_run(tiny_dir, tmp_path, capsys, monkeypatch, where):
-    from draftsmith.runtime import bench_run, target
+    from draftsmith.runtime.bench import run as bench_run
+    from draftsmith.runtime.core import target
 
     def no_work(*args, **kwargs):
         raise AssertionError("bench started working before checking --out")

@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from draftsmith.runtime import bench
-from draftsmith.runtime.bench_types import BatchOutput, SpecCounters
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.prompt_sets import BenchPrompt, load_bench_prompts
-from draftsmith.runtime.roofline import kv_bytes_per_token, roofline, weight_bytes
-from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.bench import compare as bench
+from draftsmith.runtime.bench.prompt_sets import BenchPrompt, load_bench_prompts
+from draftsmith.runtime.bench.roofline import kv_bytes_per_token, roofline, weight_bytes
+from draftsmith.runtime.bench.types import BatchOutput, SpecCounters
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 QUESTIONS = [
     {"question_id": 81, "category": "writing", "turns": ["w1 w2", "w3 w4"]},
@@ -175,7 +175,7 @@ def test_roofline_arithmetic(tiny_target):
 
 @pytest.fixture
 def machine_cache(tmp_path, monkeypatch):
-    from draftsmith.runtime import roofline as roof
+    from draftsmith.runtime.bench import roofline as roof
 
     monkeypatch.setattr(roof, "CACHE_DIR", tmp_path / "machine")
     monkeypatch.setattr(roof, "copy_bandwidth", lambda device: 5e9)
@@ -311,8 +311,8 @@ def test_graphs_suffix_runs_the_static_engine_path(tiny_dir, tmp_path, machine_c
     methods = {r["method"] for r in rows}
     assert methods == {"plain", "plain+graphs", "ngram@chain:2+graphs", "self:layers=1@chain:2+graphs"}
     assert all(r["greedy_identical"] for r in rows if r["temperature"] == 0)
-    from draftsmith.runtime.bench_methods import build_method
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.bench.methods import build_method
+    from draftsmith.runtime.core.target import Target
 
     target = Target.load(str(tiny_dir), device="cpu")
     assert build_method("plain+graphs", target, [1]).static and not build_method("plain", target, [1]).static

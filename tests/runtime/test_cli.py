@@ -7,7 +7,7 @@ import sys
 import pytest
 from tiny_models import make_tiny_dir
 
-from draftsmith.runtime.cli import build_parser, main
+from draftsmith.runtime.cli.main import build_parser, main
 
 CONTRACT_FIELDS = {
     "prompt_token_ids", "token_ids", "text", "new_tokens", "target_forwards", "mean_accepted",

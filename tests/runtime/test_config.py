@@ -7,8 +7,8 @@ from typing import Literal
 import pytest
 import yaml
 
-from draftsmith.runtime.config import load_config, save_config
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.core.config import load_config, save_config
+from draftsmith.runtime.core.errors import BadInputError
 
 
 @dataclass

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from train_data import tiny_train_overrides, write_conversations
 
-from draftsmith.runtime.cli import main
+from draftsmith.runtime.cli.main import main
 
 
 @pytest.fixture

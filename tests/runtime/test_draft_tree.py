@@ -1,4 +1,4 @@
-"""The device-side draft tree (runtime/draft_tree.py): masks equal the tree's ancestor relation, scores
+"""The device-side draft tree (runtime/verify/draft_tree.py): masks equal the tree's ancestor relation, scores
 accumulate, one host transfer returns everything exactly; and the drafters' device-grown dynamic trees
 equal EAGLE-2's definition computed on the host (expand the top-k frontier by cumulative log-probability,
 keep the best `tokens` candidates)."""
@@ -7,11 +7,11 @@ import pytest
 import torch
 from tiny_models import tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.draft_tree import CycleTree
-from draftsmith.runtime.lm_drafter import LMDrafter
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import ancestor_mask, best_subtree, parse_tree_spec
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+from draftsmith.runtime.verify.draft_tree import CycleTree
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import ancestor_mask, best_subtree, parse_tree_spec
 
 
 def grow_in_level_order(tree, batch=2):

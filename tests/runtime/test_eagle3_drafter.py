@@ -10,14 +10,14 @@ import torch
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 from tolerances import assert_rounding_close, layer_accumulations
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head, save_head
-from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.engine import generate_plain, prefill_features
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import parse_tree_spec, path_to
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.engine import generate_plain, prefill_features
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec, path_to
 
 GREEDY = SamplingParams()
 TREES = ["chain:1", "chain:4", "static:binary-3", "dynamic:depth=3,topk=2,tokens=6"]
@@ -131,10 +131,10 @@ def test_trees_move_tokens_to_the_host_once_per_cycle(target, head, params, monk
     proposal, not one per level) by the EAGLE-3, LM and MTP drafters (stacked modules and a recursing
     one): tokens, parents, scores and masks stay there until the cycle's end, and no tensor is built on
     the host inside a level (on CUDA its copy would wait for the queued kernels)."""
-    from draftsmith.runtime.lm_drafter import LMDrafter
-    from draftsmith.runtime.mtp import MtpConfig, MtpHead
-    from draftsmith.runtime.mtp_drafter import MtpDrafter
-    from draftsmith.runtime.sampling import make_generators
+    from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+    from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+    from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
+    from draftsmith.runtime.verify.sampling import make_generators
 
     torch.manual_seed(0)
     mtp2 = MtpHead(MtpConfig.for_target(target, num_modules=2)).eval()
@@ -170,7 +170,7 @@ def test_trees_move_tokens_to_the_host_once_per_cycle(target, head, params, monk
 
 def counting_host_tensors_in_levels(drafter, monkeypatch) -> list:
     """Record every `torch.tensor` call from the first level's forward to the cycle's final transfer."""
-    from draftsmith.runtime.draft_tree import CycleTree
+    from draftsmith.runtime.verify.draft_tree import CycleTree
 
     built, real_tensor, forward_level, to_host = [], torch.tensor, drafter._forward_level, CycleTree.to_host
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 from tiny_models import tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.side_by_side import hf_generate
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.bench.side_by_side import hf_generate
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

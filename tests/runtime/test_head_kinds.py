@@ -1,4 +1,4 @@
-"""The head-kind registry (runtime/head_kinds.py, train/objectives.py): what each kind declares, the
+"""The head-kind registry (runtime/heads/head_kinds.py, train/objectives.py): what each kind declares, the
 lookups that use it, and the rule that no other module tests a kind's name.
 
     python -m pytest tests/runtime/test_head_kinds.py -q
@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.runtime import head_kinds
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.head_kind import HeadSection
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.heads import head_kinds
+from draftsmith.runtime.heads.head_kind import HeadSection
 from draftsmith.train.config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 # A kind's own files may name it (its loader checks its head_type): runtime/NAME*.py, train/NAME_*.py, and
 # EAGLE-3's engine layouts. The registries list the kinds. Everything else looks kinds up.
-OWN = {"runtime/layouts.py": "eagle3"}
-REGISTRIES = {"runtime/head_kinds.py", "train/objectives.py"}
+OWN = {"runtime/heads/layouts.py": "eagle3"}
+REGISTRIES = {"runtime/heads/head_kinds.py", "train/objectives.py"}
 
 
 def test_every_kind_declares_a_module_section_drafter_layouts_and_objective():
@@ -117,7 +117,9 @@ def test_no_module_outside_a_kind_tests_a_kind_name(tmp_path):
                 continue
             lines = kind_name_tests(path, names - own)
             bad += [f"{rel}:{line}" for line in lines]
-    assert not bad, f"modules that switch on a head kind's name (look it up in runtime/head_kinds.py): {bad}"
+    assert not bad, (
+        f"modules that switch on a head kind's name (look it up in runtime/heads/head_kinds.py): {bad}"
+    )
     # the check itself finds the old switch sites
     probe = tmp_path / "probe.py"
     probe.write_text('HEAD_KINDS = {"eagle3": 1}\nif kind in ("eagle3", "mtp"): pass\nx = FORMATS["mtp"]\n')

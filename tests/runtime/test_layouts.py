@@ -1,4 +1,5 @@
-"""EAGLE-3 layouts (runtime/layouts.py) and MTP's DeepSeek layout (runtime/mtp_layout.py): every export
+"""EAGLE-3 layouts (runtime/heads/layouts.py) and MTP's DeepSeek layout (runtime/heads/mtp_layout.py): every
+export
 reads back to `torch.equal` tensors and identical draft logits; aux-layer ids follow each engine's
 convention (with the Llama-3.1-8B example of docs/architecture.md, 5.6); a head read with the wrong
 convention taps other layers (the trap, shown); foreign heads without our provenance block load; bad
@@ -11,18 +12,24 @@ import torch
 from safetensors.torch import save_file
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.aux_layers import from_engine_ids, to_engine_ids
-from draftsmith.runtime.drafting import build_drafter
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.layouts import detect_layout, from_layout, load_eagle3, to_official, to_speculators
-from draftsmith.runtime.mtp import MtpConfig, MtpHead, load_head
-from draftsmith.runtime.mtp_layout import from_deepseek, to_deepseek
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import parse_tree_spec
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.drafting import build_drafter
+from draftsmith.runtime.heads.aux_layers import from_engine_ids, to_engine_ids
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.heads.layouts import (
+    detect_layout,
+    from_layout,
+    load_eagle3,
+    to_official,
+    to_speculators,
+)
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head
+from draftsmith.runtime.heads.mtp_layout import from_deepseek, to_deepseek
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +243,7 @@ def test_hub_ids_download_head_files_only(target, head, tmp_path, monkeypatch):
 
 
 def test_weights_hash_from_tensors_equals_the_models(target):
-    from draftsmith.runtime.artifacts import weights_hash, weights_hash_of_tensors
+    from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_of_tensors
 
     state = target.model.state_dict()
     assert weights_hash_of_tensors(state, target.num_layers) == weights_hash(target.model)

@@ -11,25 +11,25 @@ from engine_checks import assert_identical, chi_square, exact_law, make_prompts
 from scipy.stats import chi2
 from tiny_models import tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.lm_drafter import LMDrafter
-from draftsmith.runtime.load_aware import (
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.ngram import NgramDrafter
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.verify.load_aware import (
     LoadAwareDepth,
     VerifyCosts,
     expected_tokens,
     measure_verify_costs,
     parse_auto,
 )
-from draftsmith.runtime.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.mtp_drafter import MtpDrafter
-from draftsmith.runtime.ngram import NgramDrafter
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import chain
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import chain
 
 GREEDY = SamplingParams()
 LAW_PARAMS = SamplingParams(temperature=1.0, top_k=3)
@@ -225,7 +225,7 @@ def test_sampled_law_with_changing_depths_is_the_targets(target, law, kind, scri
 
 
 def test_generate_cli_takes_auto_trees(tiny_dir, capsys):
-    from draftsmith.runtime.cli import main
+    from draftsmith.runtime.cli.main import main
 
     argv = [
         "generate",

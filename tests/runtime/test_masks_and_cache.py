@@ -2,8 +2,8 @@
 
 import torch
 
-from draftsmith.runtime.kv_cache import KVCache
-from draftsmith.runtime.masks import attention_mask, is_plain_causal
+from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.masks import attention_mask, is_plain_causal
 
 
 def test_mask_hides_padding_and_future():

@@ -11,14 +11,14 @@ import pytest
 import torch
 from train_data import run_overrides, write_conversations
 
-from draftsmith.runtime import head_kinds, medusa
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.drafting import build_drafter
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.medusa_kind import MAX_HEADS, MedusaSection
-from draftsmith.runtime.medusa_layout import load_medusa
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.drafters.drafting import build_drafter
+from draftsmith.runtime.heads import head_kinds, medusa
+from draftsmith.runtime.heads.medusa_kind import MAX_HEADS, MedusaSection
+from draftsmith.runtime.heads.medusa_layout import load_medusa
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "medusa-smollm2-135m.yaml"
 

@@ -14,11 +14,11 @@ from engine_checks import chi_square, exact_law
 from medusa_heads import fitted_heads
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
-from draftsmith.runtime import batch_accept
-from draftsmith.runtime.medusa_drafter import MedusaDrafter, medusa_drafter
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.medusa_drafter import MedusaDrafter, medusa_drafter
+from draftsmith.runtime.verify import batch_accept
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,15 @@ import torch
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 from tolerances import assert_rounding_close, layer_accumulations
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.engine import generate_plain, prefill_features
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.mtp import MtpConfig, MtpHead, load_head, module_mask, save_head
-from draftsmith.runtime.mtp_drafter import MtpDrafter
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import parse_tree_spec, path_to
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.engine import generate_plain, prefill_features
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, module_mask, save_head
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec, path_to
 
 GREEDY = SamplingParams()
 

@@ -13,16 +13,16 @@ import pytest
 import torch
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.mtp import MtpConfig, MtpHead, load_head, save_head
-from draftsmith.runtime.mtp_drafter import MtpDrafter
-from draftsmith.runtime.mtp_layout import from_deepseek, from_mimo, to_deepseek, to_mimo
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.targets import SUPPORTED_MODEL_TYPES
-from draftsmith.runtime.tree import parse_tree_spec
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.core.targets import SUPPORTED_MODEL_TYPES
+from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, save_head
+from draftsmith.runtime.heads.mtp_layout import from_deepseek, from_mimo, to_deepseek, to_mimo
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec
 
 # Tensors a Llama block lacks, per family (the families' own modeling files in transformers).
 EXTRA = {

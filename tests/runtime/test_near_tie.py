@@ -1,4 +1,4 @@
-"""runtime/near_tie.py: the first mismatch between a run and plain decoding, and
+"""runtime/verify/near_tie.py: the first mismatch between a run and plain decoding, and
 whether the target's logits there are within rounding of a tie. Negative controls: a genuine wrong token
 and a run that stopped early are never near-ties; a planted exact tie is one."""
 
@@ -9,14 +9,14 @@ import torch
 from engine_checks import make_prompts
 from tiny_models import tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.near_tie import first_mismatch, next_logits, tie_tolerance
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import parse_tree_spec
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.verify.near_tie import first_mismatch, next_logits, tie_tolerance
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec
 
 GREEDY = SamplingParams()
 
@@ -99,7 +99,8 @@ def test_bench_judges_each_mismatch_and_reports_near_ties_apart():
     """bench.greedy_fields on one conversation of two turns: a tie flipped at turn 0 (its turn-1 prompt
     then differs, so turn 1 takes turn 0's verdict) is reported as near-ties only, marked `~`; a wrong token
     is a mismatch, marked `!` and named in the report."""
-    from draftsmith.runtime import bench, bench_report
+    from draftsmith.runtime.bench import compare as bench
+    from draftsmith.runtime.bench import report as bench_report
 
     target, prompt, want, b = tied_target()
     plain = bench.GroupRun(1.0, prompts={(0, 0): prompt, (1, 0): prompt + want})

@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.sampling import (
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.sampling import (
     SamplingParams,
     greedy_tokens,
     logits_to_probs,

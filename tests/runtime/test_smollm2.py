@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.side_by_side import hf_generate, hf_generate_batch
+from draftsmith.runtime.bench.side_by_side import hf_generate, hf_generate_batch
+from draftsmith.runtime.cli.main import main
 
 PROMPTS = [
     "What is 2+2?",
@@ -103,11 +103,11 @@ SPECULATIVE = [
 def test_speculative_greedy_identity(smollm2):
     """Every drafter, chain / static / dynamic trees, batch 1 and ragged batches: zero mismatches
     against plain greedy decoding on the real model."""
-    from draftsmith.runtime.drafting import build_drafter
-    from draftsmith.runtime.engine import generate_plain
-    from draftsmith.runtime.sampling import SamplingParams
-    from draftsmith.runtime.speculative import generate_speculative
-    from draftsmith.runtime.tree import parse_tree_spec
+    from draftsmith.runtime.core.engine import generate_plain
+    from draftsmith.runtime.core.speculative import generate_speculative
+    from draftsmith.runtime.drafters.drafting import build_drafter
+    from draftsmith.runtime.verify.sampling import SamplingParams
+    from draftsmith.runtime.verify.tree import parse_tree_spec
 
     prompts = [smollm2.encode(p) for p in PROMPTS[:8]]
     plain = [r.token_ids for r in generate_plain(smollm2, prompts, SamplingParams(), MAX_NEW)]
@@ -127,11 +127,11 @@ def test_speculative_greedy_identity(smollm2):
 @pytest.mark.parametrize("draft", ["ngram", "self:layers=27"])
 def test_speculative_greedy_identity_chain_grid(smollm2, draft, batch_size):
     """Chains K = 1..8 and three trees (one dynamic) on the real model, 7 prompts: zero mismatches."""
-    from draftsmith.runtime.drafting import build_drafter
-    from draftsmith.runtime.engine import generate_plain
-    from draftsmith.runtime.sampling import SamplingParams
-    from draftsmith.runtime.speculative import generate_speculative
-    from draftsmith.runtime.tree import parse_tree_spec
+    from draftsmith.runtime.core.engine import generate_plain
+    from draftsmith.runtime.core.speculative import generate_speculative
+    from draftsmith.runtime.drafters.drafting import build_drafter
+    from draftsmith.runtime.verify.sampling import SamplingParams
+    from draftsmith.runtime.verify.tree import parse_tree_spec
 
     prompts = [smollm2.encode(p) for p in PROMPTS[8:15]]
     plain = [r.token_ids for r in generate_plain(smollm2, prompts, SamplingParams(), 24)]

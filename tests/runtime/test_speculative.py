@@ -17,18 +17,18 @@ from scipy.stats import chi2
 from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 
-from draftsmith.runtime import batch_accept
-from draftsmith.runtime.drafting import Draft, Drafter, build_drafter
-from draftsmith.runtime.engine import generate_plain, prefill
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.lm_drafter import LMDrafter, load_draft_model
-from draftsmith.runtime.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.mtp_drafter import MtpDrafter
-from draftsmith.runtime.ngram import NgramDrafter
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative, tree_logits, verify
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import Tree, chain, parse_tree_spec, path_to
+from draftsmith.runtime.core.engine import generate_plain, prefill
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.speculative import generate_speculative, tree_logits, verify
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.drafting import Draft, Drafter, build_drafter
+from draftsmith.runtime.drafters.lm_drafter import LMDrafter, load_draft_model
+from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.ngram import NgramDrafter
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.verify import batch_accept
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import Tree, chain, parse_tree_spec, path_to
 
 GREEDY = SamplingParams()
 

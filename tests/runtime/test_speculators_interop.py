@@ -23,9 +23,9 @@ from safetensors.torch import save_file
 from tiny_models import make_tiny_dir
 from tolerances import layer_accumulations, rounding_atol
 
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.layouts import load_eagle3, to_speculators
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.heads.layouts import load_eagle3, to_speculators
 
 speculators = pytest.importorskip("speculators")
 # speculators 0.9.0 passes `past_key_values` to transformers 5.24's LlamaAttention (renamed `cache`).

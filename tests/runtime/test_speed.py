@@ -5,10 +5,10 @@ import itertools
 import pytest
 
 from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START
-from draftsmith.runtime import speed
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.prompt_sets import load_prompt_set
-from draftsmith.runtime.sampling import SamplingParams
+from draftsmith.runtime.bench import speed
+from draftsmith.runtime.bench.prompt_sets import load_prompt_set
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 METHODS = ["plain", "hf", "ngram@chain:2"]
 

@@ -1,4 +1,4 @@
-"""Draft steps on the static path (runtime/static_draft.py), run eagerly on CPU: every proposal equals
+"""Draft steps on the static path (runtime/static/draft.py), run eagerly on CPU: every proposal equals
 the dynamic path's (tokens and draft laws) for chains, branching and dynamic trees, greedy and sampled,
 with self-speculation, EAGLE-3 heads of one and two layers, and MTP modules stacked and recursing; a
 chain's levels have one shape (one graph a server captures once); later batches reuse the steps. On
@@ -10,18 +10,18 @@ from engine_checks import make_prompts
 from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import TINY_TARGET_SUMS, rounding_atol
 
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.lm_drafter import LMDrafter
-from draftsmith.runtime.masks import attention_mask
-from draftsmith.runtime.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.mtp_drafter import MtpDrafter
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.static_forward import slot_mask
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import parse_tree_spec
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.masks import attention_mask
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.static.forward import slot_mask
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec
 
 GREEDY, SAMPLED = SamplingParams(), SamplingParams(temperature=1.0)
 TREES = ["chain:4", "static:binary-3", "dynamic:depth=3,topk=2,tokens=6"]
@@ -124,7 +124,7 @@ def test_static_draft_steps_propose_what_the_dynamic_path_proposes(target, head,
 
 def test_draft_steps_in_small_attention_windows_propose_the_same(target, head, monkeypatch):
     """Windows of 8 slots (several per shape, each its own graph on CUDA): the same proposals."""
-    from draftsmith.runtime import static_forward as module
+    from draftsmith.runtime.static import forward as module
 
     monkeypatch.setattr(module, "SPAN_STEP", 8)
     dynamic, want = run(target, head, "static:binary-3", SAMPLED, False, 3)
@@ -178,7 +178,7 @@ def test_graphed_drafting_never_waits_for_the_gpu_inside_a_cycle(kind, spec, mon
     """Under CUDA's sync debug mode ("error"), nothing synchronizes from a cycle's first level forward to
     its final transfer: once a first run captured the graphs, a second run drafts every level of every
     cycle without the host waiting for the GPU."""
-    from draftsmith.runtime.draft_tree import CycleTree
+    from draftsmith.runtime.verify.draft_tree import CycleTree
 
     target = Target(tiny_model("llama").cuda(), tiny_tokenizer(), "tiny")
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The GPU engine path's static forward (runtime/static_forward.py), run eagerly on CPU: its mask equals the
+"""The GPU engine path's static forward (runtime/static/forward.py), run eagerly on CPU: its mask equals the
 runtime's, its logits equal Target.forward's, and the engines on it are greedy-identical to plain decoding
 and seeded-identical to the dynamic path. On CUDA (gpu-marked) the captured graphs equal eager runs."""
 
@@ -8,17 +8,17 @@ from engine_checks import make_prompts
 from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.lm_drafter import LMDrafter
-from draftsmith.runtime.masks import attention_mask
-from draftsmith.runtime.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.mtp_drafter import MtpDrafter
-from draftsmith.runtime.ngram import NgramDrafter
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.static_forward import (
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.masks import attention_mask
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.ngram import NgramDrafter
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.static.forward import (
     _SESSIONS,
     GraphedForward,
     StaticKVCache,
@@ -26,8 +26,8 @@ from draftsmith.runtime.static_forward import (
     slot_mask,
     static_forward,
 )
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import ancestor_mask, chain, parse_tree_spec
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import ancestor_mask, chain, parse_tree_spec
 
 GREEDY = SamplingParams()
 
@@ -117,7 +117,7 @@ def test_plain_decoding_on_the_static_path_is_identical(target, plain):
 def test_attention_windows_follow_the_used_slots(target, plain, monkeypatch):
     """With windows of 8 slots, each step attends over the used slots rounded up (several windows, each
     its own graph on CUDA), never the whole capacity, and decoding stays identical."""
-    from draftsmith.runtime import static_forward as module
+    from draftsmith.runtime.static import forward as module
 
     monkeypatch.setattr(module, "SPAN_STEP", 8)
     drop_sessions(target)
@@ -211,7 +211,7 @@ def test_generate_cli_with_cuda_graphs_flag_gives_the_same_tokens(tiny_dir, caps
     speculative, and so does a tree draft with `--attention flex` (FlexAttention in every layer)."""
     import json
 
-    from draftsmith.runtime.cli import main
+    from draftsmith.runtime.cli.main import main
 
     argv = ["generate", "--target", str(tiny_dir), "--prompt", "w1 w2 w3 w1 w2", "--max-new-tokens", "12"]
     argv += ["--json", "--device", "cpu"]

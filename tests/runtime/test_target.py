@@ -5,9 +5,9 @@ import torch
 from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import Tree, ancestor_mask, path_to, position_ids
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.verify.tree import Tree, ancestor_mask, path_to, position_ids
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 

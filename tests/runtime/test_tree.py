@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.tree import (
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.verify.tree import (
     MAX_TREE_NODES,
     PRESETS,
     DynamicTree,

@@ -1,4 +1,5 @@
-"""The vLLM bench baselines (runtime/vllm_method.py): method names parse or are refused naming the field;
+"""The vLLM bench baselines (runtime/bench/vllm_method.py): method names parse or are refused naming the
+field;
 the vLLM Python is found in the documented order; worker replies become BatchOutput/SpecCounters by the
 bench's counting conventions; a fake worker speaking the JSON-lines protocol exercises the process handling
 (ready, requests, an error line -> exit code 2, a crash quoting its log, a hang killed after the timeout);
@@ -15,11 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftsmith.runtime import vllm_method
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head, save_head
-from draftsmith.runtime.errors import BadInputError, DraftsmithError
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.vllm_method import (
+from draftsmith.runtime.bench import vllm_method
+from draftsmith.runtime.bench.vllm_method import (
     VllmMethod,
     batch_output,
     find_vllm_python,
@@ -28,6 +26,9 @@ from draftsmith.runtime.vllm_method import (
     parse_vllm_method,
     spec_counters,
 )
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
+from draftsmith.runtime.verify.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_WORKER = """
@@ -272,7 +273,7 @@ def test_foreign_heads_pass_as_they_are_or_are_refused(tmp_path):
 @pytest.mark.slow
 def test_vllm_matches_draftsmith_greedy(smollm2, monkeypatch):
     """Plain vLLM and vLLM EAGLE-3 (our head, exported) give draftsmith's greedy ids; sane counters."""
-    from draftsmith.runtime.engine import generate_plain
+    from draftsmith.runtime.core.engine import generate_plain
 
     python, head = REPO / ".venv-vllm" / "bin" / "python", REPO / "runs" / "eagle3-smollm2-135m" / "final"
     if not python.exists():

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from train_data import run_overrides
 
-from draftsmith.runtime.cli import main
+from draftsmith.runtime.cli.main import main
 from draftsmith.train.config import load_train_config
 from draftsmith.train.data_steps import data_root
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from train_data import write_conversations
 
-from draftsmith.runtime.cli import main
+from draftsmith.runtime.cli.main import main
 from draftsmith.train.checkpoints import finished_checkpoints
 
 pytestmark = pytest.mark.distributed

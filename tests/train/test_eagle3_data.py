@@ -8,7 +8,7 @@ import torch
 from draftsmith.data_recipes.capture import capture
 from draftsmith.data_recipes.capture_reader import CaptureFolder
 from draftsmith.data_recipes.prepare import prepare
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.eagle3_data import offline_batch, online_batch
 from draftsmith.train.eagle3_objective import ttt_loss
 

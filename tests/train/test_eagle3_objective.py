@@ -10,8 +10,8 @@ import torch
 from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import assert_float64_equal
 
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.eagle3_objective import TTTBatch, draft_targets, ttt_loss, unroll
 
 STEPS = 4

@@ -11,17 +11,17 @@ import torch
 import yaml
 from tiny_models import make_tiny_dir, random_prompts
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.drafting import build_drafter
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head, save_head
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.layouts import load_eagle3
-from draftsmith.runtime.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.mtp import save_head as save_mtp
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import parse_tree_spec
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.drafting import build_drafter
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
+from draftsmith.runtime.heads.layouts import load_eagle3
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.heads.mtp import save_head as save_mtp
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec
 
 
 @pytest.fixture(scope="module")
@@ -249,7 +249,7 @@ def test_mtp_mimo_layout_is_the_target_as_qwen2_plus_one_module(target, tmp_path
     exactly like the target, and the module must read back exactly; two modules are refused."""
     from safetensors.torch import load_file
 
-    from draftsmith.runtime.mtp_layout import from_mimo
+    from draftsmith.runtime.heads.mtp_layout import from_mimo
 
     torch.manual_seed(0)
     head = MtpHead(MtpConfig.for_target(target, num_modules=1)).eval()

@@ -7,13 +7,13 @@ import pytest
 import torch
 from train_data import tiny_train_overrides, write_conversations
 
-from draftsmith.runtime.eagle3 import load_head
-from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import parse_tree_spec
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.heads.eagle3 import load_head
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import parse_tree_spec
 from draftsmith.train.config import load_train_config
 from draftsmith.train.trainer import train
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.medusa import MedusaConfig, MedusaHeads
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads
 from draftsmith.train.medusa_objective import MedusaKind, MedusaModel, MedusaSection
 
 

@@ -7,8 +7,8 @@ import torch
 from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 
-from draftsmith.runtime.mtp import MtpConfig, MtpHead, module_mask
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, module_mask
 from draftsmith.train.mtp_objective import mtp_loss, next_token_loss, teacher_positions
 
 # PARITY in fp32 (tests/tolerances.py): the batched loss and the per-position oracle round differently in

@@ -8,15 +8,15 @@ import pytest
 import torch
 from train_data import online_and_offline_losses, read_metrics, run_overrides
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.engine import generate_plain
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.mtp import load_head
-from draftsmith.runtime.mtp_drafter import MtpDrafter
-from draftsmith.runtime.sampling import SamplingParams
-from draftsmith.runtime.speculative import generate_speculative
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.tree import chain
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.heads.mtp import load_head
+from draftsmith.runtime.verify.sampling import SamplingParams
+from draftsmith.runtime.verify.tree import chain
 from draftsmith.train.config import load_train_config
 from draftsmith.train.trainer import Trainer, train
 

@@ -19,8 +19,8 @@ import shutil
 import pytest
 import torch
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.preflight import Knobs, Setup, estimate, trainable_terms
 from draftsmith.train.preflight_report import preflight_report
@@ -144,8 +144,8 @@ def test_the_estimate_is_within_20_percent_of_a_measured_cpu_run(
 
 
 def test_the_meta_device_count_is_the_real_one(tiny_dir, tiny_target, tmp_path):
-    from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-    from draftsmith.runtime.mtp import MtpConfig, MtpHead
+    from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
+    from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 
     model = tiny_target.model  # loaded from the weights, float32
     shapes = TargetShapes.load(str(tiny_dir), torch.float32)
@@ -218,7 +218,7 @@ def test_llama_70b_at_4k_on_8x80gb_needs_its_target_split(capsys):
 def test_a_run_that_does_not_fit_is_refused_before_its_target_loads(
     tiny_dir, answers, answers_dir, tmp_path, capsys, monkeypatch
 ):
-    from draftsmith.runtime.target import Target
+    from draftsmith.runtime.core.target import Target
 
     def never(*args, **kwargs):
         raise AssertionError("the target loaded before the preflight refused")

@@ -25,8 +25,8 @@ from draftsmith.data_recipes import capture as cap
 from draftsmith.data_recipes.capture import CaptureFolder, capture
 from draftsmith.data_recipes.capture_reader import TOKEN_TENSORS
 from draftsmith.data_recipes.parts import part_name
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.train import accelerator_setup
 from draftsmith.train.config import load_train_config
 from draftsmith.train.data_steps import capture_dir, data_commands, ensure_data
@@ -187,7 +187,7 @@ def slow_on_rank_0(*args, **kwargs):
 
 
 prepare.prepare = slow_on_rank_0
-from draftsmith.runtime.cli import main
+from draftsmith.runtime.cli.main import main
 
 code = main(["train", *sys.argv[1:]])
 sys.stdout.flush(), sys.stderr.flush()

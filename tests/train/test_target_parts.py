@@ -1,4 +1,5 @@
-"""Offline training with only the target's parts (runtime/target_parts.py) on a tiny random Llama saved as
+"""Offline training with only the target's parts (runtime/core/target_parts.py) on a tiny random Llama saved
+as
 three safetensors shards plus an index: the parts equal the whole target's tensors and are all it holds;
 offline EAGLE-3 and MTP runs with the parts equal the same runs with the whole target bit for bit (and
 the MTP head binds to the same weights hash); a broken checkpoint is refused naming the file or tensor.
@@ -21,13 +22,13 @@ from tiny_models import tiny_config, tiny_model, tiny_tokenizer
 from train_data import read_metrics, run_overrides
 from transformers import AutoModelForCausalLM
 
-from draftsmith.runtime.artifacts import weights_hash
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.eagle3 import Eagle3Config
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.mtp import MtpConfig, load_head
-from draftsmith.runtime.target import Target
-from draftsmith.runtime.target_parts import INDEX_FILE, PartsOnlyError, TargetParts
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.artifacts import weights_hash
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.core.target_parts import INDEX_FILE, PartsOnlyError, TargetParts
+from draftsmith.runtime.heads.eagle3 import Eagle3Config
+from draftsmith.runtime.heads.mtp import MtpConfig, load_head
 from draftsmith.train import trainer as trainer_module
 from draftsmith.train.checkpoints import finished_checkpoints
 from draftsmith.train.config import load_train_config
@@ -103,7 +104,7 @@ def test_parts_equal_the_whole_targets_and_are_all_it_holds(sharded_dir, tied_di
 
 
 def test_the_embedded_target_loads_its_parts_from_the_converted_folder(smollm2):
-    """SmolLM2's GGUF is converted once to a safetensors folder (runtime/targets.py): the parts come from
+    """SmolLM2's GGUF is converted once to a safetensors folder (runtime/core/targets.py): the parts come from
     that same folder, 2 of its 272 tensors, and equal the whole target's."""
     parts = TargetParts.load("smollm2-135m", device="cpu", dtype="float32")
     assert parts.path == smollm2.path and parts.name == smollm2.name
@@ -222,8 +223,8 @@ LAUNCH = '''"""draftsmith.train recording each rank's resident target parameters
 WHOLE=1, offline loads the whole target (as before TargetParts)."""
 import json, os, sys
 from pathlib import Path
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.target import Target
 from draftsmith.train import trainer
 
 loads, load = [], Target.load.__func__

@@ -1,4 +1,4 @@
-"""The frozen target in tensor-parallel shards (`target_placement: tp`, runtime/placement.py).
+"""The frozen target in tensor-parallel shards (`target_placement: tp`, runtime/core/placement.py).
 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_target_placement.py -q                 # bad inputs
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_target_placement.py -q -m distributed  # ~1 minute
@@ -30,9 +30,9 @@ from tiny_models import make_tiny_dir, tiny_config, tiny_model, tiny_tokenizer
 from tolerances import layer_accumulations, model_sums, rounding_atol
 from train_data import write_conversations
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.placement import Layout, check_placement, placement_shard_fraction
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.placement import Layout, check_placement, placement_shard_fraction
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, TTT, MAX_LENGTH = 4, 3, 64

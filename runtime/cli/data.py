@@ -1,0 +1,207 @@
+"""`draftsmith data prepare | regenerate | capture | vocab`: flags here, work in draftsmith.data_recipes.
+
+Each step's module is imported only when the step runs (it needs `datasets`, which the rest of the
+runtime never imports); it exposes `run_from_args(args)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from draftsmith.runtime.cli.args import Formatter, add_target_args, finite_float_arg, int_arg
+
+
+def add_data(sub) -> None:
+    p = sub.add_parser(
+        "data",
+        help="turn conversations into training data for a target: prepare, regenerate, capture, vocab",
+        formatter_class=Formatter,
+        description=(
+            "Data recipes for head training. Each step writes a folder with a draftsmith_data.json record\n"
+            "(inputs hash, target/tokenizer/template hashes, summary of kept and dropped rows); re-running\n"
+            "a step with the same inputs is a no-op, a killed step resumes. regenerate and capture take\n"
+            "--num-shards N --shard-index K (one process or machine per part; the parts read as one). Under\n"
+            "torchrun they take --target-placement tp --tp-size N: the target split over N processes, each\n"
+            'group of N making one part (README, "Targets larger than one GPU").\n\n'
+            "examples:\n"
+            "  draftsmith data prepare --source sharegpt --out data/sg --max-samples 1000 --max-length 1024\n"
+            "  draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8\n"
+            "  draftsmith data capture --data data/sg-regen --out data/sg-hidden --dtype bfloat16\n"
+            "  draftsmith data capture --data data/sg-regen --out data/sg-h --num-shards 4 --shard-index 0\n"
+            "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data capture --target-placement tp \\\n"
+            "      --tp-size 8 --target meta-llama/Llama-3.3-70B-Instruct --data data/sg-regen --out data/h\n"
+            "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data regenerate --target T \\\n"
+            "      --target-placement tp --tp-size 4 --data data/sg --out data/sg-regen  # 2 parts\n"
+            "  draftsmith data vocab --data data/sg-regen --draft-vocab-size 8192 --out data/sg-vocab"
+        ),
+    )
+    steps = p.add_subparsers(dest="step", required=True, metavar="STEP")
+    prep = steps.add_parser(
+        "prepare",
+        help="conversations -> chat-templated token ids + assistant-only loss masks",
+        formatter_class=Formatter,
+    )
+    add_target_args(prep)
+    prep.add_argument(
+        "--source",
+        required=True,
+        help="sharegpt (bundled ShareGPT V3), a local .json/.jsonl/.parquet file of conversations (ShareGPT "
+        "from/value or OpenAI role/content), prompts:FILE (one user turn per line), or datasets NAME[:SPLIT]",
+    )
+    prep.add_argument("--out", required=True, help="output folder (a datasets DatasetDict + record)")
+    prep.add_argument(
+        "--max-samples", type=int_arg("--max-samples"), default=None, help="stop after N kept rows"
+    )
+    prep.add_argument(
+        "--max-length",
+        type=int_arg("--max-length"),
+        default=2048,
+        help="tokens per row; longer rows are clipped",
+    )
+    prep.add_argument("--validation-fraction", type=finite_float_arg("--validation-fraction"), default=0.05)
+    prep.add_argument("--seed", type=int_arg("--seed"), default=0, help="seed of the train/validation split")
+    prep.add_argument(
+        "--fail-on-clip", action="store_true", help="error instead of clipping an over-long row"
+    )
+    prep.set_defaults(run=_run_data("prepare"))
+
+    regen = steps.add_parser(
+        "regenerate",
+        help="replace assistant turns with the target's own answers (self-distillation)",
+        formatter_class=Formatter,
+    )
+    add_target_args(regen)
+    regen.add_argument("--data", required=True, help="a prepared folder")
+    regen.add_argument("--out", required=True, help="output folder (same format as prepare's)")
+    regen.add_argument("--temperature", type=finite_float_arg("--temperature"), default=0.0)
+    regen.add_argument("--top-p", type=finite_float_arg("--top-p"), default=1.0)
+    regen.add_argument("--top-k", type=int_arg("--top-k"), default=0)
+    regen.add_argument(
+        "--max-new-tokens", type=int_arg("--max-new-tokens"), default=512, help="per assistant turn"
+    )
+    regen.add_argument("--seed", type=int_arg("--seed"), default=0)
+    regen.add_argument("--batch-size", type=int_arg("--batch-size"), default=8)
+    add_shard_args(regen, "conversations")
+    add_placement_args(regen)
+    add_engine_args(regen)
+    regen.set_defaults(run=_run_data("regenerate"))
+
+    cap = steps.add_parser(
+        "capture",
+        help="store the target's aux and final (pre-norm) hidden states per token: shard-NNNNN.safetensors "
+        "with input_ids, loss_mask, aux_hidden [N, A*H], last_hidden [N, H], offsets",
+        formatter_class=Formatter,
+    )
+    add_target_args(cap)
+    cap.add_argument("--data", required=True, help="a prepared or regenerated folder")
+    cap.add_argument("--out", required=True, help="output folder of safetensors shards + record")
+    cap.add_argument(
+        "--aux-layers",
+        default="auto",
+        help="comma-separated ids of decoder-layer outputs, 0-based (id i = transformers hidden_states[i+1], "
+        "SGLang/SpecForge convention; vLLM/speculators call it i+1); auto = 1, L//2-1, L-4",
+    )
+    cap.add_argument(
+        "--storage-dtype",
+        default="bfloat16",
+        help="bfloat16, float16, float32, or fp8: the aux states as float8_e4m3fn with per-token scales "
+        "(about 0.6x the bytes of bfloat16; the last hidden state stays bfloat16)",
+    )
+    cap.add_argument(
+        "--fp8-last-hidden",
+        action="store_true",
+        help="with --storage-dtype fp8: store the last hidden state (the target's logits) in fp8 too",
+    )
+    cap.add_argument("--split", default="train", help="train, validation or all")
+    cap.add_argument("--shard-tokens", type=int_arg("--shard-tokens"), default=65536, help="tokens per shard")
+    add_shard_args(cap, "rows (about equal tokens)")
+    add_placement_args(cap)
+    add_engine_args(cap)
+    cap.set_defaults(run=_run_data("capture"))
+
+    voc = steps.add_parser(
+        "vocab",
+        help="draft-vocabulary map (d2t offsets, t2d mask) from supervised tokens",
+        formatter_class=Formatter,
+    )
+    voc.add_argument("--data", required=True, help="a prepared or regenerated folder")
+    voc.add_argument("--draft-vocab-size", type=int_arg("--draft-vocab-size"), required=True)
+    voc.add_argument("--out", required=True, help="output folder (draft_vocab.safetensors + record)")
+    voc.set_defaults(run=_run_data("vocab"))
+
+
+def add_shard_args(p: argparse.ArgumentParser, unit: str) -> None:
+    p.add_argument(
+        "--num-shards",
+        type=int_arg("--num-shards"),
+        default=1,
+        help=f"split the work into N parts, one per process or machine: part K takes a contiguous N-th of "
+        f"the {unit} into OUT/part-K-of-N/; the parts read as one folder once all are done",
+    )
+    p.add_argument(
+        "--shard-index", type=int_arg("--shard-index"), default=0, help="which part this run makes (0..N-1)"
+    )
+
+
+def add_placement_args(p: argparse.ArgumentParser) -> None:
+    """Where the target lives when torchrun (or accelerate launch) starts the step on several processes
+    (draftsmith.data_recipes.tp_steps)."""
+    p.add_argument(
+        "--target-placement",
+        default="replicate",
+        help="under torchrun: replicate (the target whole on every process, part RANK of WORLD each) or tp "
+        "(each layer split over the --tp-size processes of a group; a group's rank 0 writes its part)",
+    )
+    p.add_argument(
+        "--tp-size",
+        type=int_arg("--tp-size"),
+        default=None,
+        help="processes per tensor-parallel group (unset: all); must divide the heads and the processes",
+    )
+    p.add_argument(
+        "--process-group-timeout-s",
+        type=int_arg("--process-group-timeout-s"),
+        default=1800,
+        help="under torchrun: how long a rank waits for the others (the process group's timeout)",
+    )
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """`--engine vllm`: the step runs on vLLM in another Python (draftsmith.data_recipes.vllm_engine)."""
+    p.add_argument(
+        "--engine",
+        choices=["draftsmith", "vllm"],
+        default="draftsmith",
+        help="draftsmith (its own engine, static batches) or vllm (continuous batching / vLLM's hidden-state "
+        "extraction, run by --vllm-python; `bash scripts/vllm_env.sh` builds .venv-vllm)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="with --engine vllm: a Python that has vLLM (default $DRAFTSMITH_VLLM_PYTHON, else "
+        "./.venv-vllm/bin/python)",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int_arg("--tensor-parallel-size"),
+        default=1,
+        help="with --engine vllm: vLLM's tensor parallelism (must divide the attention heads)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int_arg("--max-num-seqs"),
+        default=32,
+        help="with --engine vllm: requests vLLM runs at once (its continuous batch)",
+    )
+
+
+def _run_data(step: str):
+    def run(args: argparse.Namespace) -> None:
+        import importlib
+
+        # --engine vllm: the step on vLLM in its own Python (data_recipes/vllm_regenerate.py, vllm_capture.py)
+        name = f"vllm_{step}" if getattr(args, "engine", "draftsmith") == "vllm" else step
+        module = importlib.import_module(f"draftsmith.data_recipes.{name}")
+        module.run_from_args(args)
+
+    return run

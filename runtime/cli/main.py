@@ -1,0 +1,329 @@
+"""The `draftsmith` command: one console script, one verb per job, lazy imports per verb.
+
+    draftsmith generate --prompt "What is speculative decoding?" --json
+    draftsmith demo --quick
+
+Every verb is a thin shell over a library function. Exit codes: 0 success, 2 bad input (the message names
+the field, what it got and what it expected), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from draftsmith.runtime.cli.args import (
+    Formatter,
+    add_attention_arg,
+    add_target_args,
+    finite_float_arg,
+    int_arg,
+)
+from draftsmith.runtime.cli.bench import add_bench
+from draftsmith.runtime.cli.data import add_data
+from draftsmith.runtime.cli.export import add_export
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+
+DRAFT_HELP = (
+    "none (plain decoding), ngram (prompt lookup), self:layers=N (the target's first N layers), "
+    "model:TARGET (a draft LM sharing the tokenizer), eagle3:DIR (an EAGLE-3 head: our folder, the "
+    "official/SGLang or speculators layout, or a Hub id; #ids=input|output says how foreign aux-layer ids "
+    "read), mtp:DIR (MTP "
+    "modules; tree depth <= modules, or mtp:DIR#recursive to reuse the last module deeper)"
+)
+TREE_HELP = (
+    "chain:K, static:NAME (binary-3, wide-4, deep-6) or static:JSON (paths of child ranks or parent ids), "
+    "dynamic:depth=D,topk=K,tokens=N (EAGLE-2 style, grown each cycle), auto:K (load-aware: a chain of "
+    "depth 0..K per cycle from the measured verify cost and the observed acceptance; 0 = a plain step)"
+)
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text with the target (plain or speculative decoding)",
+        formatter_class=Formatter,
+        description=(
+            "Generate from the target. Prompts are chat-templated unless --no-chat.\n\n"
+            "examples:\n"
+            '  draftsmith generate --prompt "Why is the sky blue?"\n'
+            "  draftsmith generate --prompts prompts.txt --batch-size 8 --json > out.jsonl\n"
+            '  draftsmith generate --prompt "Tell a story" --temperature 0.8 --top-p 0.95 --seed 1\n\n'
+            "--json prints one object per prompt (JSON Lines) with prompt_token_ids, token_ids (new tokens\n"
+            "only), text, new_tokens, finish_reason, target_forwards, mean_accepted (tau),\n"
+            "accept_rate_per_position, wall_s and tokens_per_s."
+        ),
+    )
+    add_target_args(p)
+    p.add_argument("--draft", default="none", help=f"draft spec: {DRAFT_HELP}")
+    p.add_argument(
+        "--tree",
+        help=f"what to draft each cycle: {TREE_HELP}. Unset: chain:2 (chain:1 for a one-module MTP head), "
+        "which suits CPUs: verifying 3 nodes (chain:2) costs 1.26x one token there, 4 nodes 1.7x, 8 nodes "
+        "2.1x (BENCHMARKS.md); on GPUs larger trees pay",
+    )
+    p.add_argument("--temperature", type=finite_float_arg("--temperature"), default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=finite_float_arg("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
+    p.add_argument(
+        "--top-k", type=int_arg("--top-k"), default=0, help="keep the k most likely tokens; 0 = off"
+    )
+    p.add_argument("--max-new-tokens", type=int_arg("--max-new-tokens"), default=128)
+    p.add_argument(
+        "--seed", type=int_arg("--seed"), default=0, help="row i samples with a generator seeded by (seed, i)"
+    )
+    p.add_argument("--no-chat", action="store_true", help="feed the prompt text as is (no chat template)")
+    p.add_argument(
+        "--batch-size",
+        type=int_arg("--batch-size"),
+        default=1,
+        help="prompts decoded together (left padding)",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument("--prompts", help="file: one prompt per line, or JSONL with a 'prompt' field")
+    p.add_argument("--json", action="store_true", help="print JSON Lines instead of text")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="the GPU engine path: preallocated KV caches and one CUDA graph per (batch, tokens) shape for "
+        "the target's verification and the drafter's steps (on a CPU the same static path runs without "
+        "graphs)",
+    )
+    add_attention_arg(p)
+    p.set_defaults(run=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    from draftsmith.runtime.core.engine import accept_rates, generate_plain
+    from draftsmith.runtime.core.prompts import read_prompts_file
+    from draftsmith.runtime.core.speculative import generate_speculative
+    from draftsmith.runtime.core.target import Target
+    from draftsmith.runtime.drafters.drafting import build_drafter
+    from draftsmith.runtime.heads.head_kinds import parse_tree
+    from draftsmith.runtime.verify.load_aware import LoadAwareDepth, measure_verify_costs, parse_auto
+    from draftsmith.runtime.verify.sampling import SamplingParams
+    from draftsmith.runtime.verify.tree import chain
+
+    auto_depth = parse_auto(args.tree or "")  # auto:K: load-aware chain depth per cycle
+    # no --tree: build_drafter picks the default that fits the drafter; a kind may read trees of its own
+    tree = chain(auto_depth) if auto_depth else parse_tree(args.draft, args.tree) if args.tree else None
+    params = SamplingParams(args.temperature, args.top_p, args.top_k).validate()
+    if args.max_new_tokens < 1:
+        raise BadInputError("--max-new-tokens", args.max_new_tokens, "an integer >= 1")
+    if args.batch_size < 1:
+        raise BadInputError("--batch-size", args.batch_size, "an integer >= 1")
+    texts = [args.prompt] if args.prompt is not None else read_prompts_file(args.prompts)
+    target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    if args.attention != "sdpa":
+        from draftsmith.runtime.core.kernel_attention import use_kernel_attention
+
+        use_kernel_attention(target, args.attention)
+    drafter = build_drafter(args.draft, target, tree)
+    prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
+    policy = None
+    if auto_depth and drafter is not None:  # measured before the clock starts, like a server's start-up
+        sizes = sorted({min(args.batch_size, len(prompt_ids)), 1})
+        costs = measure_verify_costs(target, sizes, max_nodes=auto_depth + 1)
+        policy = LoadAwareDepth(costs, auto_depth, step_cost=drafter.step_cost)
+    start = time.perf_counter()
+    run = (args.max_new_tokens, args.seed, args.batch_size)
+    static = args.cuda_graphs
+    if drafter is None:
+        results = generate_plain(target, prompt_ids, params, *run, progress=not args.json, static=static)
+    else:
+        results = generate_speculative(
+            target, drafter, prompt_ids, params, *run, progress=not args.json, policy=policy, static=static
+        )
+        if policy is not None:
+            logging.getLogger("draftsmith").info(
+                "load-aware depth counts (0..%d): %s", auto_depth, policy.depth_counts
+            )
+    wall = time.perf_counter() - start
+    for text, res in zip(texts, results, strict=True):
+        if args.json:
+            print(json.dumps(result_row(target, text, res)), flush=True)
+        else:
+            print(target.decode(res.token_ids), end="\n\n" if len(results) > 1 else "\n", flush=True)
+    new = sum(r.new_tokens for r in results)
+    forwards = sum(r.target_forwards for r in results)
+    rates = accept_rates(
+        [a for r in results for a in r.accepted_lengths], [d for r in results for d in r.draft_depths]
+    )
+    logging.getLogger("draftsmith").info(
+        "%d prompt(s), %d new tokens in %.2f s (%.1f tok/s), %d target forwards, tau %.2f%s",
+        len(results),
+        new,
+        wall,
+        new / wall,
+        forwards,
+        new / max(forwards, 1),
+        f", acceptance per position {[round(r, 2) for r in rates]}" if rates else "",
+    )
+
+
+def result_row(target, prompt: str, res) -> dict:
+    return {
+        "prompt": prompt,
+        "prompt_token_ids": res.prompt_token_ids,
+        "token_ids": res.token_ids,
+        "text": target.decode(res.token_ids),
+        "new_tokens": res.new_tokens,
+        "finish_reason": res.finish_reason,
+        "target_forwards": res.target_forwards,
+        "draft_forwards": res.draft_forwards,
+        "mean_accepted": round(res.mean_accepted, 4),  # tau: 1.0 for plain decoding
+        "accept_rate_per_position": [round(r, 4) for r in res.accept_rate_per_position],
+        "cycles": len(res.accepted_lengths),
+        "wall_s": round(res.wall_s, 4),
+        "tokens_per_s": round(res.new_tokens / res.wall_s, 3),
+    }
+
+
+def add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the main job on embedded defaults: data -> train an EAGLE-3 head -> bench -> export",
+        formatter_class=Formatter,
+        description=(
+            "Prepare data, train an EAGLE-3 head for the embedded target (configs/eagle3-smollm2-135m.yaml;\n"
+            "a finished run is reused, an interrupted one resumes), then decode held-out prompts with plain\n"
+            "decoding, transformers generate(), prompt lookup and the head (chain and dynamic tree) side by\n"
+            "side (warmed up, interleaved), check greedy tokens against plain decoding and print tokens/s,\n"
+            "speedup, tau and acceptance per position; then exports the head (export_formats: the SGLang\n"
+            "and speculators layouts) with model cards quoting those rows.\n"
+            "Writes OUT/results.json, OUT/config.yaml and OUT/export-FORMAT/ (OUT = out_dir, default\n"
+            "runs/demo).\n\n"
+            "examples:\n"
+            "  draftsmith demo --quick                    # a 40-step head, 4 prompts: under 15 minutes\n"
+            "  draftsmith demo                            # the full CPU recipe (~1.5 h on 2 cores)\n"
+            "  draftsmith demo prompt_set=humaneval num_prompts=20 'train_overrides=[train.max_steps=200]'"
+        ),
+    )
+    p.add_argument("--config", help="YAML demo config (default: the packaged demo-smollm2-135m.yaml)")
+    p.add_argument("--quick", action="store_true", help="a 40-step head and 4 prompts x 32 tokens")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. num_prompts=20")
+    p.set_defaults(run=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> None:
+    from draftsmith.runtime.cli.demo import demo_main
+
+    demo_main(args.config, args.overrides, quick=args.quick)
+
+
+def add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a draft head from a YAML config (data steps included, resumable)",
+        formatter_class=Formatter,
+        description=(
+            "Train an EAGLE-3 head or MTP modules (head.type) for a target, MTP with the target frozen or\n"
+            "co-trained (cotrain.enabled, LoRA or full). The config names the target, the data recipe, the\n"
+            "head and the loop; the data steps it needs (prepare, vocab, capture in offline mode) run first\n"
+            "or are reused from ~/.cache/draftsmith/data. A run writes OUT/metrics.jsonl, OUT/config.yaml,\n"
+            "OUT/checkpoints/step-N/ (atomic, rotated; a rerun resumes from the newest), OUT/final/ (the\n"
+            "head: --draft eagle3:OUT/final or mtp:OUT/final; a co-trained target in OUT/final/target) and\n"
+            "OUT/training_curve.png (OUT = output_dir).\n"
+            "Several processes (configs: ddp-cpu, ddp-gpu, fsdp-gpu, deepspeed-zero2, deepspeed-zero3):\n"
+            "  accelerate launch --config_file configs/accelerate/X.yaml -m draftsmith.train --config ...\n\n"
+            "examples:\n"
+            "  draftsmith train --config configs/eagle3-smollm2-135m.yaml\n"
+            "  draftsmith train --config configs/mtp-cotrain-lora-smollm2-135m.yaml\n"
+            "  draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 \\\n"
+            "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb\n"
+            "  draftsmith train --preflight --config configs/eagle3-smollm2-135m.yaml \\\n"
+            "      target=meta-llama/Llama-3.3-70B-Instruct data.max_length=4096 --world-size 8\n\n"
+            "A run first estimates its memory per rank from the target's config.json (train/preflight.py),\n"
+            "prints it and refuses (exit 2) what exceeds the device: train.preflight=warn tries anyway."
+        ),
+    )
+    p.add_argument("--config", help="YAML train config, e.g. configs/eagle3-smollm2-135m.yaml")
+    p.add_argument(
+        "--preflight",
+        action="store_true",
+        help="print the memory estimate per rank for each strategy and exit: no weights or data are read "
+        "(target= a model folder, a config.json, a Hub id or one under configs/targets/)",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int_arg("--world-size"),
+        help="--preflight: ranks to estimate for (default: WORLD_SIZE, the GPUs here, else 8)",
+    )
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
+    p.set_defaults(run=run_train)
+
+
+def run_train(args: argparse.Namespace) -> None:
+    from draftsmith.train.config import load_train_config
+
+    if args.preflight:
+        from draftsmith.train.preflight_report import preflight_report
+
+        if args.world_size is not None and args.world_size < 1:
+            raise BadInputError("--world-size", args.world_size, "an integer >= 1")
+        print(preflight_report(load_train_config(args.config, args.overrides), args.world_size), flush=True)
+        return
+    if args.config is None:
+        raise BadInputError("--config", None, "a YAML train config (optional only with --preflight)")
+    from draftsmith.train.trainer import train
+
+    train(load_train_config(args.config, args.overrides))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftsmith",
+        description="Train, export and losslessly serve speculative-decoding draft heads.",
+        formatter_class=Formatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    add_generate(sub)
+    add_bench(sub)
+    add_data(sub)
+    add_train(sub)
+    add_export(sub)
+    add_demo(sub)
+    return parser
+
+
+def setup_logging(verbose: bool) -> None:
+    """Our loggers (draftsmith.*) print `draftsmith: message` lines to the current stderr."""
+    logger = logging.getLogger("draftsmith")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("draftsmith: %(message)s"))
+    logger.handlers = [handler]
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logger.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a malformed flag (2): argparse has printed why
+        return int(exit_.code or 0)
+    setup_logging(args.verbose)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # what reports quote as the command
+    try:
+        args.run(args)
+    except DraftsmithError as err:
+        print(f"draftsmith {args.verb}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun (data capture|regenerate on a TP group):
+        sys.stdout.flush()  # gloo may abort in a subgroup's destructor at interpreter exit, after the
+        sys.stderr.flush()  # work is done (as train/__main__.py, which leaves the same way)
+        os._exit(code)
+    sys.exit(code)

@@ -1,0 +1,73 @@
+"""Tree-verification attention through draftsmith.kernels, inside the target's own decoder layers.
+
+    use_kernel_attention(target)            # the target's attention calls kernels.tree_attention
+    use_kernel_attention(target, "flex")    # ... or kernels.tree_attention_flex (FlexAttention)
+    use_kernel_attention(target, False)     # back to SDPA
+
+transformers lets a model name its attention function (`AttentionInterface`); the target's layers then
+call it with q [B, Hq, T, D], the cache's k/v [B, Hkv, S, D] (not repeated for GQA) and the mask
+draftsmith built, bool [B, 1, T, S]. With a boolean mask this function runs `kernels.tree_attention` (the
+Triton kernel on CUDA, its SDPA reference elsewhere) or FlexAttention; without one (a plain causal
+prefill, where the engine passes None) it is SDPA, exactly as before. Off by default: whether a kernel
+beats SDPA with a mask on a given GPU is what `scripts/gpu_measure.py` measures (verification cost, all
+three ways).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+from draftsmith import kernels
+
+NAMES = {True: "draftsmith_tree", "triton": "draftsmith_tree", "flex": "draftsmith_flex", False: "sdpa"}
+
+
+def tree_attention_forward(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, flex=False, **kwargs
+):
+    """transformers' attention-function signature -> (output [B, T, Hq, D], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if attention_mask is None or attention_mask.dtype != torch.bool or dropout:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    attend = kernels.tree_attention_flex if flex else kernels.tree_attention
+    out = attend(query, key, value, attention_mask, scale)  # [B, Hq, T, D]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_kernel_attention(target, on: bool | str = True) -> None:
+    """Switch the target's masked attention between draftsmith's Triton kernel (True or "triton"),
+    FlexAttention ("flex") and SDPA (False)."""
+    from transformers import AttentionInterface
+
+    from draftsmith.runtime.static.forward import drop_sessions
+
+    if on not in NAMES:
+        raise ValueError(f"attention: got {on!r}, expected one of {list(NAMES)}")
+    AttentionInterface.register(NAMES["triton"], tree_attention_forward)
+    AttentionInterface.register(NAMES["flex"], functools.partial(tree_attention_forward, flex=True))
+    target.model.set_attn_implementation(NAMES[on])
+    drop_sessions(target)  # graphs captured with the other attention would replay it
+
+
+@contextlib.contextmanager
+def transformers_sdpa(target):
+    """transformers' own SDPA for the duration, whatever draftsmith's switch says. Its generate() (the `hf`
+    baselines) masks left-padding query rows entirely, which its SDPA path special-cases and the kernels
+    do not take (every row must see one key: runtime/core/masks.py guarantees that for draftsmith's engine).
+    draftsmith's captured graphs stay valid: they never run inside."""
+    current = target.model.config._attn_implementation
+    if current == NAMES[False]:
+        yield
+        return
+    target.model.set_attn_implementation(NAMES[False])
+    try:
+        yield
+    finally:
+        target.model.set_attn_implementation(current)

@@ -1,0 +1,298 @@
+"""The target adapter: one object that exposes what drafting and verification need from a causal LM.
+
+    target = Target.load("smollm2-135m")                        # or a folder, a Hub id, a .gguf
+    ids = target.encode("What is 2+2?")                          # chat-templated prompt ids
+    cache = target.new_cache(batch=1, capacity=256)
+    out = target.forward(torch.tensor([ids]), cache, capture_layers=(1, 14, 27))
+    logits = target.logits(out.hidden[:, -1])                    # [B, V]
+
+`forward` drives the model's own decoder layers (no copied modeling code) over our KV cache, with
+explicit position ids per token and an optional tree mask, so verification of a whole draft tree is one
+call. `capture_layers` returns the hidden state after those decoder layers (0-based: layer i's output,
+which is `hidden_states[i + 1]` in transformers' `output_hidden_states` tuple, except that transformers
+applies the final norm to its last entry and we never do). `num_layers=N` runs only
+the first N layers (self-speculation).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_names, weights_hash_of_tensors
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.masks import attention_mask, is_plain_causal
+from draftsmith.runtime.core.targets import SUPPORTED_MODEL_TYPES, resolve_target
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TargetOutput:
+    hidden: torch.Tensor  # [B, T, H] output of the last layer run, before the final norm
+    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> [B, T, H]
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise BadInputError("--device", device, "auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BadInputError("--device", device, "auto or cpu", "no CUDA device is available here")
+    return dev
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise BadInputError("--dtype", dtype, f"one of {['auto', *DTYPES]}")
+    return DTYPES[dtype]
+
+
+def context_limit(config) -> int:
+    """Longest sequence we serve: the trained context, capped by a sliding window we do not mask."""
+    limit = config.max_position_embeddings
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True):
+        limit = min(limit, window)
+    return limit
+
+
+class TargetPieces:
+    """The shape facts and the pieces heads reuse (embedding, final norm, LM head), shared by the whole
+    `Target` and offline training's `TargetParts` (runtime/core/target_parts.py). Needs `config`, `model`
+    (with `lm_head`) and `decoder` (with `embed_tokens` and `norm`)."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.decoder.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.embed_tokens.weight.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.embed_tokens.weight.shape[0]
+
+    @property
+    def max_context(self) -> int:
+        return context_limit(self.config)
+
+    # ---- pieces heads reuse ------------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder.embed_tokens(input_ids)  # [B, T] -> [B, T, H]
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.decoder.norm(hidden)
+
+    def lm_head(self, normed: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(normed)  # [..., H] -> [..., V]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden [..., H] -> logits [..., V] in float32."""
+        return self.lm_head(self.final_norm(hidden)).float()
+
+
+class Target(TargetPieces):
+    def __init__(self, model, tokenizer, name: str):
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise BadInputError("target model_type", model_type, f"one of {list(SUPPORTED_MODEL_TYPES)}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.path: str | None = None  # the local folder it was loaded from (Target.load sets it)
+        self.config = model.config
+        self.decoder = model.model  # embed_tokens, layers, norm, rotary_emb
+        # transformers renamed the layers' cache argument (past_key_values -> cache) during 5.x.
+        params = inspect.signature(type(self.decoder.layers[0]).forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # tensor parallel (runtime/core/placement.py): this rank holds 1/tp_size of each layer, its group's
+        # ranks run every forward together; `driver` is set while this rank drives the others
+        self.tp_size, self.tp_group, self.driver = 1, None, None
+
+    @classmethod
+    def load(
+        cls, spec: str = "smollm2-135m", device: str = "auto", dtype: str = "auto", layout=None
+    ) -> Target:
+        """`layout` (runtime/core/placement.py, inside a process group): with layout.tp > 1 this rank loads
+        only its tensor-parallel shard of each layer (every rank of its group must load too)."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        resolved = resolve_target(spec)
+        dev = pick_device(device)
+        torch_dtype = pick_dtype(dtype, dev)
+        tp = layout.tp if layout is not None else 1
+        hf_logging.disable_progress_bar()  # loading a local safetensors folder takes seconds
+        try:
+            if tp > 1:
+                from draftsmith.runtime.core.placement import load_tensor_parallel
+
+                config = AutoConfig.from_pretrained(resolved.path)
+                model = load_tensor_parallel(resolved.path, config, layout, torch_dtype, dev)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(
+                    resolved.path, dtype=torch_dtype, attn_implementation="sdpa"
+                ).to(dev)
+            tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        finally:
+            hf_logging.enable_progress_bar()
+        target = cls(model, tokenizer, resolved.name)
+        target.path = str(resolved.path)
+        if tp > 1:
+            target.tp_size, target.tp_group = tp, model._device_mesh["tp"].get_group()
+        return target
+
+    # ---- shape facts (TargetPieces has the ones parts-only targets share) -------------------------------
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.eos_token_ids[0]
+
+    # ---- text ----------------------------------------------------------------------------------------
+    def encode(self, text: str, chat: bool = True) -> list[int]:
+        """Prompt ids: chat-templated (one user turn + the assistant header) unless chat=False."""
+        if chat and self.tokenizer.chat_template:
+            return self.encode_chat([{"role": "user", "content": text}])
+        return self.tokenizer(text)["input_ids"]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """A conversation ({"role", "content"} dicts, ending with a user turn) + the assistant header."""
+        if not self.tokenizer.chat_template:
+            raise BadInputError("target chat template", None, "a tokenizer with a chat template (multi-turn)")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ---- pieces heads reuse ------------------------------------------------------------------------
+    def layer_state(self, index: int) -> dict[str, torch.Tensor]:
+        """Decoder layer `index`'s tensors under the layer's own names (MTP blocks start as a copy)."""
+        if self.tp_size > 1:  # this rank holds shards of them: read the whole ones from the checkpoint
+            prefix = f"model.layers.{index % self.num_layers}."
+            state = self.decoder.layers[index].state_dict()
+            tensors = self._read([prefix + name for name in state])
+            return {n.removeprefix(prefix): t for n, t in tensors.items()}
+        return self.decoder.layers[index].state_dict()
+
+    def weights_hash(self) -> str:
+        """artifacts.weights_hash of these weights (what an MTP head records; TargetParts gives the same)."""
+        if self.tp_size > 1:
+            return weights_hash_of_tensors(self._read(weights_hash_names(self.num_layers)), self.num_layers)
+        return weights_hash(self.model)
+
+    def _read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Whole tensors of a tensor-parallel target from its checkpoint, cast as loading casts them."""
+        from draftsmith.runtime.core.checkpoint_index import Checkpoint
+
+        tensors = Checkpoint.open(Path(self.path)).read(names)
+        return {n: t.to(self.device, self.dtype) if t.is_floating_point() else t for n, t in tensors.items()}
+
+    def new_cache(
+        self, batch: int, capacity: int, num_layers: int | None = None, cache_class: type = KVCache
+    ) -> KVCache:
+        """A cache shaped for this target (`cache_class`: KVCache, or StaticKVCache for the graphed path)."""
+        cfg = self.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        cache = cache_class(
+            num_layers or self.num_layers,
+            batch,
+            cfg.num_key_value_heads // self.tp_size,  # tensor parallel: this rank's heads only
+            head_dim,
+            capacity,
+            self.dtype,
+            self.device,
+        )
+        if self.driver is not None:  # the TP group's other ranks make the same cache (placement.follow)
+            self.driver.send("new_cache", id(cache), 0, (batch, capacity, num_layers, cache_class), {})
+            self.driver.relay_cache_ops(cache)  # its crop/compact/... reach the other ranks' copies too
+        return cache
+
+    # ---- the forward -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        cache: KVCache,
+        position_ids: torch.Tensor | None = None,  # [B, T]; default: continue after the cache
+        token_valid: torch.Tensor | None = None,  # [B, T] bool; False = padding
+        tree_mask: torch.Tensor | None = None,  # [B?, T, W] bool over the last W >= T slots (masks.py)
+        num_layers: int | None = None,
+        capture_layers: tuple[int, ...] = (),
+    ) -> TargetOutput:
+        if self.driver is not None:  # the TP group's other ranks run this forward with us
+            options = dict(position_ids=position_ids, token_valid=token_valid, tree_mask=tree_mask)
+            options.update(num_layers=num_layers, capture_layers=capture_layers)
+            self.driver.send("forward", id(cache), cache.length, (input_ids,), options)
+        batch, new = input_ids.shape
+        num_layers = num_layers or self.num_layers
+        if any(not 0 <= i < num_layers for i in capture_layers):
+            raise BadInputError("capture_layers", capture_layers, f"layer ids in [0, {num_layers})")
+        if token_valid is None:
+            token_valid = torch.ones(batch, new, dtype=torch.bool, device=input_ids.device)
+        if position_ids is None:
+            past = cache.valid[:, : cache.length].sum(dim=1, keepdim=True)  # [B, 1]
+            position_ids = past + torch.arange(new, device=input_ids.device)
+        cache.reserve(new, token_valid)
+        valid = cache.valid[:, : cache.length + new]  # [B, S]
+        mask = None if is_plain_causal(valid, new, tree_mask) else attention_mask(valid, new, tree_mask)
+        hidden, aux = self.run_layers(input_ids, position_ids, mask, cache, num_layers, capture_layers)
+        cache.commit()
+        return TargetOutput(hidden=hidden, aux=aux)
+
+    def run_layers(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        position_ids: torch.Tensor,  # [B, T]
+        mask: torch.Tensor | None,  # [B, 1, T, S] bool, or None for SDPA's own causal mask
+        cache,  # writes K/V through cache.update (KVCache, or StaticKVCache for the graphed path)
+        num_layers: int,
+        capture_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Embedding, rotary and the first `num_layers` decoder layers -> (hidden [B, T, H], aux)."""
+        hidden = self.embed(input_ids)
+        rope = self.decoder.rotary_emb(hidden, position_ids=position_ids)
+        aux = {}
+        for i, layer in enumerate(self.decoder.layers[:num_layers]):
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_ids=position_ids,
+                position_embeddings=rope,
+                **{self._cache_kwarg: cache},
+            )
+            if isinstance(hidden, tuple):  # older transformers return (hidden, ...)
+                hidden = hidden[0]
+            if i in capture_layers:
+                aux[i] = hidden
+        return hidden, aux

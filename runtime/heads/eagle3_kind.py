@@ -1,0 +1,194 @@
+"""The EAGLE-3 head kind: what runtime/heads/head_kinds.py registers for `eagle3` (runtime/heads/head_kind.py
+says
+what a kind declares).
+
+    KIND.make_drafter("runs/eagle3/final", target, chain(2), "auto", "auto")   # --draft eagle3:DIR
+    KIND.all_layouts()["speculators"].write(head_folder, out, LayoutOptions(verifier="org/model"))
+
+The head is runtime/heads/eagle3.py, its drafter runtime/drafters/eagle3_drafter.py, its engine layouts
+(official /
+SGLang, speculators) runtime/heads/layouts.py; this file ties them together and holds the export writers and
+the model card's serve texts. Heavy modules are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from draftsmith.runtime.core.artifacts import (
+    atomic_save_file,
+    check_round_trip,
+    open_tensors,
+    parameter_summary,
+)
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.heads.head_kind import (
+    HeadKind,
+    HeadSection,
+    Layout,
+    LayoutOptions,
+    ServeArgs,
+    Written,
+)
+
+if TYPE_CHECKING:
+    from draftsmith.runtime.heads.eagle3 import Eagle3Head
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Eagle3Section(HeadSection):
+    """`head:` of an EAGLE-3 train config (configs/eagle3-smollm2-135m.yaml)."""
+
+    type: Literal["eagle3"] = "eagle3"
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux hidden state before fc
+    norm_before_fc: bool = False  # EAGLE-3.1: one RMSNorm over the concatenated aux states before fc
+    num_layers: int = 1  # draft decoder layers (the first reads [embedding; feature])
+    norm_output: bool = False  # EAGLE-3.1: feed the final-normed output back across TTT steps
+
+    def validate(self) -> Eagle3Section:
+        super().validate()
+        if self.num_layers < 1:
+            raise BadInputError("head.num_layers", self.num_layers, "an integer >= 1")
+        return self
+
+    def head_options(self) -> dict:
+        """Eagle3Config.for_target's keywords (the trainer and the memory preflight build the same head)."""
+        return dict(
+            fc_norm=self.fc_norm,
+            norm_before_fc=self.norm_before_fc,
+            num_layers=self.num_layers,
+            norm_output=self.norm_output,
+        )
+
+
+def make_drafter(arg: str, target, tree, device: str, dtype: str):
+    from draftsmith.runtime.drafters.drafter import param_ratio
+    from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+    from draftsmith.runtime.heads.layouts import load_eagle3
+
+    head = load_eagle3(arg, target).to(device=target.device, dtype=target.dtype)
+    drafter = Eagle3Drafter(head, target, tree)
+    drafter.step_cost = param_ratio(head, target)
+    return drafter
+
+
+def read_any(folder: str, target=None) -> Eagle3Head:
+    from draftsmith.runtime.heads.layouts import load_eagle3
+
+    return load_eagle3(folder, target)
+
+
+# ---- export writers ---------------------------------------------------------------------------------------
+def _write(head: Eagle3Head, config: dict, tensors: dict, out: Path, what: str, engine: str) -> Written:
+    """Write the layout, read it back as `--draft eagle3:DIR` does, compare with the head."""
+    with open(out / "config.json", "w") as f:
+        f.write(json.dumps(config, indent=1) + "\n")
+    atomic_save_file(out / "model.safetensors", tensors, {"format": "pt"})
+    back = read_any(str(out))
+    check_round_trip(head.state_dict(), back.state_dict(), f"{what} export")
+    if asdict(back.config) != asdict(head.config):
+        raise DraftsmithError(f"{what} export: the config read back differs from the head's")
+    ids = (
+        config.get("eagle_aux_hidden_state_layer_ids")
+        or config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    )
+    c = head.config
+    details = [
+        f"aux layers (0-based decoder-layer outputs): {c.aux_layer_ids}; written as {ids} for {engine}",
+        f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens (`d2t`)",
+    ]
+    return Written(c.target, asdict(c), parameter_summary(tensors), details)
+
+
+def write_official(folder: Path, out: Path, options: LayoutOptions) -> Written:
+    """Official / SGLang layout; `options.engine` picks the aux-id convention."""
+    from draftsmith.runtime.heads.eagle3 import load_head
+    from draftsmith.runtime.heads.layouts import to_official
+
+    head = load_head(folder)
+    config, tensors = to_official(head, engine=options.engine)
+    written = _write(head, config, tensors, out, "eagle3", options.engine)
+    written.engine = options.engine
+    return written
+
+
+def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Written:
+    """vLLM's native speculators layout (the verifier's embedding and architectures when at hand)."""
+    from draftsmith.runtime.heads.eagle3 import load_head
+    from draftsmith.runtime.heads.layouts import to_speculators
+
+    head = load_head(folder)
+    facts = _verifier_facts(options.verifier or head.config.target)
+    config, tensors = to_speculators(head, options.verifier, options.speculative_tokens, **facts)
+    return _write(head, config, tensors, out, "speculators", "speculators")
+
+
+def _verifier_facts(verifier: str) -> dict:
+    """speculators writes the verifier's embedding and architectures into its folders; so do we, from the
+    target's files when they are here (vLLM then reads the embedding from the head, speculators too)."""
+    from draftsmith.runtime.core.targets import local_target_folder
+
+    folder = local_target_folder(verifier)
+    if folder is None:
+        log.warning("export: speculators folder without embed_tokens (vLLM shares the target's)")
+        return {}
+    architectures = read_json(folder / "config.json", "--verifier").get("architectures")
+    for file in sorted(folder.glob("*.safetensors")):
+        with open_tensors(file, "--verifier") as f:
+            if "model.embed_tokens.weight" in f.keys():
+                return {
+                    "embed_tokens": f.get_tensor("model.embed_tokens.weight"),
+                    "architectures": architectures,
+                }
+    return {"architectures": architectures}
+
+
+# ---- the model card's serve texts -------------------------------------------------------------------------
+def serve_official(args: ServeArgs) -> str:
+    k, other = args.speculative_tokens, "vllm" if args.engine == "sglang" else "sglang"
+    spec = json.dumps({"method": "eagle3", "model": args.repo, "num_speculative_tokens": k})
+    return (
+        "## Serve\n\nThe aux-layer ids in `eagle_config` are written in "
+        f"{args.engine}'s convention; export again with `--engine {other}` for {other}.\n\n"
+        f"SGLang:\n\n```bash\npython -m sglang.launch_server --model-path {args.target} "
+        f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {args.repo} "
+        f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}\n"
+        "```\n\n"
+        f"vLLM:\n\n```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
+        f"draftsmith:\n\n{args.generate}"
+    )
+
+
+def serve_speculators(args: ServeArgs) -> str:
+    return (
+        "## Serve\n\nvLLM (reads the verifier from `speculators_config`):\n\n"
+        f"```bash\nvllm serve {args.repo}\n```\n\ndraftsmith:\n\n{args.generate}"
+    )
+
+
+def _module() -> type:
+    from draftsmith.runtime.heads.eagle3 import Eagle3Head
+
+    return Eagle3Head
+
+
+KIND = HeadKind(
+    name="eagle3",
+    title="EAGLE-3 draft head",
+    module_class=_module,
+    section=Eagle3Section,
+    make_drafter=make_drafter,
+    spec="eagle3:DIR",
+    layouts={
+        "eagle3": Layout(write=write_official, read=read_any, serve=serve_official),
+        "speculators": Layout(
+            write=write_speculators, read=read_any, serve=serve_speculators, reads="verifier"
+        ),
+    },
+)

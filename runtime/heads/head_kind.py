@@ -1,0 +1,160 @@
+"""What a head kind declares: the types of the registry in runtime/heads/head_kinds.py (which lists the
+kinds).
+
+    kind = HeadKind(name="eagle3", title="EAGLE-3 draft head", module_class=lambda: Eagle3Head,
+                    section=Eagle3Section, make_drafter=eagle3_drafter, spec="eagle3:DIR",
+                    layouts={"eagle3": Layout(...)})
+
+A kind is a trained head (EAGLE-3, MTP, ...). It declares:
+- `name`: `head_type` in its folder's config.json, the `--draft NAME:DIR` prefix, `head.type` in a train
+  config;
+- `module` (`module_class()`, imported when asked): the nn.Module class, with
+  `from_pretrained(folder, target=None)` (strict: names, shapes, finite values, and the target's
+  identity when given) and `save_pretrained(folder)`;
+- `section`: its `head:` section of a train config, a `HeadSection` subclass holding its own keys only;
+- `make_drafter(arg, target, tree, device, dtype)`: the drafter for `--draft NAME:ARG`;
+- `parse_tree(arg, spec)` (optional): `--tree SPEC` for `--draft NAME:ARG`, where a kind has trees of
+  its own (Medusa's cartesian:K1,.. and sparse:N);
+- `layouts`: export layout name -> `Layout` (writer, reader, serve text); every kind also has
+  `draftsmith` (its own folder), added by `all_layouts`;
+- `title` and the serve texts: the words its model card uses.
+Its training objective is registered from train/ (train/objectives.py), so this module and the registry
+never import the trainer.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsmith.runtime.core.artifacts import load_tensors, parameter_summary
+from draftsmith.runtime.core.errors import BadInputError, read_json
+
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+DEFAULT_DEPTH = 2  # the default tree, chain:2, suits CPUs (BENCHMARKS.md); shallower for a shallower head
+
+
+@dataclass
+class HeadSection:
+    """The keys every kind's `head:` section has; a kind's section subclasses it with its own keys (and
+    `type` as a Literal of its name). Loading is strict: another kind's key is an error naming it."""
+
+    type: str = ""  # a kind's section: a Literal of its name, defaulting to it
+    aux_layers: str = "auto"  # target layers an offline capture stores: auto = (1, L/2-1, L-4), or ids
+    draft_vocab_size: int = 8192  # the data steps' draft vocabulary (EAGLE-3: rows of its LM head)
+    init_from_target: bool = True  # start the head's parts from the target's (each kind says which)
+
+    def validate(self) -> HeadSection:
+        if self.draft_vocab_size < 1:
+            raise BadInputError("head.draft_vocab_size", self.draft_vocab_size, "an integer >= 1")
+        return self
+
+    def check_run(self, cfg) -> None:
+        """Checks against the rest of the train config (`cfg`); a kind adds its own."""
+
+
+@dataclass
+class LayoutOptions:
+    """What an export layout may read besides the head (from `draftsmith export`'s flags)."""
+
+    engine: str = "sglang"  # eagle3: whose aux-id convention (sglang or vllm)
+    verifier: str | None = None  # speculators: the verifier path or Hub id written into the config
+    target: str | None = None  # mtp: the target whose weights are appended (default: the head's own)
+    speculative_tokens: int = 3  # drafted tokens per step in configs and serve commands
+
+
+@dataclass
+class Written:
+    """What a layout writer reports about the folder it wrote (the model card's facts)."""
+
+    target: str  # the target's name (Hub id or path) the head was trained for
+    config: dict  # the head's own config (the card's license guess reads its target)
+    size: str  # "12.6M parameters, float32"
+    details: list[str] = field(default_factory=list)  # layout-specific lines (aux ids, modules, ...)
+    engine: str | None = None  # whose aux-id convention an eagle3 export wrote
+
+
+@dataclass
+class ServeArgs:
+    """What a layout's serve text names: where the export is, its target and kind, the draft budget."""
+
+    repo: str  # the Hub id it is published under, or a placeholder path
+    target: str
+    kind: str
+    engine: str | None = None
+    speculative_tokens: int = 3
+    formats: tuple[str, ...] = ()  # the kind's engine layouts (for the draftsmith layout's text)
+
+    @property
+    def generate(self) -> str:
+        """The draftsmith command that serves this head, as a fenced block."""
+        command = (
+            f'draftsmith generate --target {self.target} --draft {self.kind}:{self.repo} --prompt "Hello"'
+        )
+        return f"```bash\n{command}\n```\n"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One export layout: `write(head_folder, out, options) -> Written` writes it into `out` and reads it
+    back with `read` (comparing tensor by tensor); `read(folder, target=None)` is what `--draft` loads;
+    `serve(ServeArgs)` is the card's serve section; `reads` names the option (`verifier` or `target`) whose
+    folder it reads besides the head, so export keeps `--out` apart from it."""
+
+    write: Callable[[Path, Path, LayoutOptions], Written]
+    read: Callable
+    serve: Callable[[ServeArgs], str]
+    reads: str | None = None
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    name: str
+    title: str  # the model card's title words, e.g. "EAGLE-3 draft head"
+    module_class: Callable[[], type]  # -> the module class (imported when asked: the registry stays light)
+    section: type  # a HeadSection subclass
+    make_drafter: Callable  # (arg, target, tree, device, dtype) -> Drafter
+    spec: str  # the `--draft` form its help lists, e.g. "mtp:DIR[#recursive]"
+    layouts: dict[str, Layout] = field(default_factory=dict)  # engine layouts ("draftsmith" is added)
+    # (arg) -> the default chain depth for `--draft NAME:ARG` (None: the registry's default, 2)
+    default_depth: Callable[[str], int | None] = lambda arg: None
+    cotrain: bool = False  # the target may train with the head (train config `cotrain.enabled`)
+    # (arg, spec) -> the TreeSpec `--tree SPEC` means for `--draft NAME:ARG`, for a kind with trees of its
+    # own (Medusa's cartesian:, sparse:); None: runtime/tree.parse_tree_spec
+    parse_tree: Callable[[str, str], object] | None = None
+
+    @property
+    def module(self) -> type:
+        return self.module_class()
+
+    def all_layouts(self) -> dict[str, Layout]:
+        def read(folder, target=None):
+            return self.module.from_pretrained(folder, target)
+
+        own = Layout(write=copy_own_folder, read=read, serve=serve_own)
+        return {"draftsmith": own, **self.layouts}
+
+
+# ---- draftsmith's own layout, the same for every kind -----------------------------------------------------
+def copy_own_folder(folder: Path, out: Path, options: LayoutOptions) -> Written:
+    """Our folder as it is (config.json, model.safetensors, a co-trained target/), without its card."""
+    for item in folder.iterdir():
+        if item.name == "README.md":
+            continue
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, out / item.name)
+    config = read_json(folder / CONFIG_FILE, "CHECKPOINT")
+    if not isinstance(config.get("target"), str):
+        raise BadInputError("CHECKPOINT", str(folder), f"a head folder whose {CONFIG_FILE} names its target")
+    tensors = load_tensors(folder / WEIGHTS_FILE, "CHECKPOINT")
+    return Written(config["target"], config, parameter_summary(tensors))
+
+
+def serve_own(args: ServeArgs) -> str:
+    formats = "|".join(args.formats)
+    export = f" (`draftsmith export {args.repo} --format {formats}`)" if formats else ""
+    return (
+        f"## Use\n\ndraftsmith's own layout. Serve it with draftsmith, or export it for an engine{export}:"
+        f"\n\n{args.generate}"
+    )

@@ -1,0 +1,179 @@
+"""The Medusa head kind: what runtime/heads/head_kinds.py registers for `medusa` (runtime/heads/head_kind.py
+says what
+a kind declares).
+
+    KIND.make_drafter("runs/medusa/final", target, chain(3), "auto", "auto")   # --draft medusa:DIR
+    KIND.parse_tree("runs/medusa/final", "sparse:15")     # --tree: cartesian:K1,.. and sparse:N too
+    KIND.all_layouts()["medusa"].write(head_folder, out, LayoutOptions())       # vLLM's layout
+
+The heads are runtime/heads/medusa.py, their drafter runtime/drafters/medusa_drafter.py, their trees
+runtime/heads/medusa_tree.py, vLLM's and FasterDecoding's layouts runtime/heads/medusa_layout.py; this file
+ties them
+together and holds the `head:` section of a train config (the trainer's objective is
+train/medusa_objective.py), the export writer and the model card's serve text. Heavy modules are imported
+inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from draftsmith.runtime.core.artifacts import check_round_trip, parameter_summary
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.heads.head_kind import (
+    CONFIG_FILE,
+    DEFAULT_DEPTH,
+    HeadKind,
+    HeadSection,
+    Layout,
+    LayoutOptions,
+    ServeArgs,
+    Written,
+)
+from draftsmith.runtime.heads.medusa import MAX_HEADS
+
+
+@dataclass
+class MedusaSection(HeadSection):
+    """`head:` of a Medusa train config (configs/medusa-smollm2-135m.yaml): Medusa-1, the target frozen."""
+
+    type: Literal["medusa"] = "medusa"
+    num_heads: int = 3  # K: head k predicts token t+k+2
+    num_layers: int = 1  # residual blocks per head
+    original_lm_head: bool = True  # share the target's LM head (0.33M parameters per head on SmolLM2)
+    fc_bias: bool = True  # the blocks' linear layers have a bias (FasterDecoding's heads do)
+    labels: Literal["target", "data"] = "target"  # the target's distributions, or the data's tokens
+    init_from_target: bool = True  # own LM heads start as the target's (blocks always start at zero)
+    reduce_vocab: bool = False  # LM heads over the data steps' draft vocabulary (draft_vocab_size ids)
+    calibration_topk: int = 10  # ranks measured per head on the validation split (the sparse tree's)
+    calibration_rows: int = 64  # validation rows the final heads are calibrated on
+
+    def validate(self) -> MedusaSection:
+        super().validate()
+        if not 1 <= self.num_heads <= MAX_HEADS:
+            raise BadInputError("head.num_heads", self.num_heads, f"an integer in [1, {MAX_HEADS}]")
+        if self.num_layers < 0:
+            raise BadInputError("head.num_layers", self.num_layers, "an integer >= 0")
+        if self.calibration_topk < 1 or self.calibration_rows < 0:
+            raise BadInputError(
+                "head.calibration_topk/rows", [self.calibration_topk, self.calibration_rows], ">= 1 / >= 0"
+            )
+        return self
+
+    def head_options(self) -> dict:
+        """MedusaConfig.for_target's keywords besides the head count (trainer and preflight alike)."""
+        return dict(
+            num_layers=self.num_layers,
+            original_lm_head=self.original_lm_head,
+            fc_bias=self.fc_bias,
+            draft_vocab_size=self.draft_vocab_size if self.reduce_vocab else None,
+        )
+
+
+# ---- drafting ---------------------------------------------------------------------------------------------
+def make_drafter(arg: str, target, tree, device: str, dtype: str):
+    """`--draft medusa:DIR`: ours, vLLM's or FasterDecoding's folder (detected); `tree` a TreeSpec or a
+    `--tree` string (cartesian:/sparse: need the heads: parse_tree reads them)."""
+    from draftsmith.runtime.drafters.medusa_drafter import medusa_drafter
+    from draftsmith.runtime.heads.medusa_layout import load_medusa
+
+    return medusa_drafter(target, load_medusa(arg, target), tree)
+
+
+def _accuracies(folder: str) -> list[list[float]] | None:
+    """The calibration accuracies a head folder records (ours, or a vLLM export's provenance block)."""
+    from draftsmith.runtime.heads.medusa_layout import PROVENANCE_KEY
+
+    config = Path(folder) / CONFIG_FILE
+    if not config.is_file():
+        return None
+    raw = read_json(config, "--draft")
+    return (raw.get(PROVENANCE_KEY) or raw).get("accuracies")
+
+
+def parse_tree(arg: str, spec: str):
+    """`--tree SPEC` for `--draft medusa:ARG`: cartesian:K1,K2,.., sparse:N (from the folder's calibration
+    accuracies) or any runtime/tree.parse_tree_spec spec."""
+    from draftsmith.runtime.heads.medusa_tree import parse_medusa_tree
+
+    return parse_medusa_tree(spec, _accuracies(arg))
+
+
+def default_depth(arg: str) -> int | None:
+    """chain:2, or chain:1 for a folder of one head (head k drafts depth k + 1 only)."""
+    config = Path(arg) / CONFIG_FILE
+    if not config.is_file():
+        return None
+    raw = read_json(config, "--draft")
+    heads = raw.get("num_heads", raw.get("medusa_num_heads"))
+    return min(DEFAULT_DEPTH, heads) if isinstance(heads, int) and heads >= 1 else None
+
+
+def read_any(folder, target=None):
+    from draftsmith.runtime.heads.medusa_layout import load_medusa
+
+    return load_medusa(folder, target)
+
+
+# ---- export: vLLM's layout --------------------------------------------------------------------------------
+def write_vllm_layout(folder: Path, out: Path, options: LayoutOptions) -> Written:
+    """vLLM's `medusa` layout. Its LM heads are read from the checkpoint (a shared head as a copy of the
+    target's rows), so the target's parts are loaded (runtime/core/target_parts.py: embedding, norm, LM head)
+    from `--target`, or the target the heads name; read back with load_medusa and compared."""
+    from draftsmith.runtime.core.target_parts import TargetParts
+    from draftsmith.runtime.heads.medusa import MedusaHeads
+    from draftsmith.runtime.heads.medusa_layout import write_vllm
+
+    config = read_json(Path(folder) / CONFIG_FILE, "CHECKPOINT")
+    target = TargetParts.load(options.target or config.get("target", ""), device="cpu")
+    heads = MedusaHeads.from_pretrained(folder, target)
+    write_vllm(heads, target, out)
+    back = read_any(out, target)
+    check_round_trip(heads.state_dict(), back.state_dict(), "medusa export")
+    if asdict(back.config) != asdict(heads.config):
+        raise DraftsmithError("medusa export: the config read back differs from the heads'")
+    c = heads.config
+    lm = "a copy of the target's LM head (shared in training)" if c.original_lm_head else "own LM heads"
+    details = [
+        f"{c.num_heads} Medusa head(s) of {c.num_layers} residual block(s); {lm}",
+        f"draft vocabulary: {c.out_vocab} of {c.vocab_size} target tokens"
+        + (" (`token_map`)" if c.out_vocab < c.vocab_size else ""),
+    ]
+    tensors = {k: v for k, v in back.state_dict().items() if k.startswith(("blocks.", "lm_heads."))}
+    return Written(c.target, asdict(c), parameter_summary(tensors), details)
+
+
+# ---- the model card's serve texts -------------------------------------------------------------------------
+def serve_vllm(args: ServeArgs) -> str:
+    """vLLM's speculative config (vllm/config/speculative.py: `method`, `model`, `num_speculative_tokens`)."""
+    spec = json.dumps(
+        {"method": "medusa", "model": args.repo, "num_speculative_tokens": args.speculative_tokens}
+    )
+    return (
+        "## Serve\n\nvLLM (its Medusa proposer drafts a chain, one token per head):\n\n"
+        f"```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
+        f"draftsmith (trees too: `--tree cartesian:3,2,1` or `--tree sparse:15`):\n\n{args.generate}"
+    )
+
+
+def _module() -> type:
+    from draftsmith.runtime.heads.medusa import MedusaHeads
+
+    return MedusaHeads
+
+
+KIND = HeadKind(
+    name="medusa",
+    title="Medusa heads",
+    module_class=_module,
+    section=MedusaSection,
+    make_drafter=make_drafter,
+    spec="medusa:DIR",
+    layouts={"medusa": Layout(write=write_vllm_layout, read=read_any, serve=serve_vllm, reads="target")},
+    default_depth=default_depth,
+    parse_tree=parse_tree,
+    cotrain=False,  # Medusa-2 (training the target with the heads) is not built
+)

@@ -1,0 +1,259 @@
+"""The MTP head kind: what runtime/heads/head_kinds.py registers for `mtp` (runtime/heads/head_kind.py says
+what a
+kind declares).
+
+    KIND.make_drafter("runs/mtp/final#recursive", target, chain(3), "auto", "auto")   # --draft mtp:DIR
+    KIND.all_layouts()["mtp-mimo"].write(head_folder, out, LayoutOptions())
+
+The modules are runtime/heads/mtp.py, their drafter runtime/drafters/mtp_drafter.py, DeepSeek's and MiMo's
+layouts
+runtime/heads/mtp_layout.py; this file ties them together and holds the export writers (the target's files
+with the modules appended) and the model card's serve texts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from draftsmith.runtime.core.artifacts import (
+    atomic_save_file,
+    check_round_trip,
+    load_tensors,
+    parameter_summary,
+)
+from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.heads.head_kind import (
+    DEFAULT_DEPTH,
+    HeadKind,
+    HeadSection,
+    Layout,
+    LayoutOptions,
+    ServeArgs,
+    Written,
+)
+from draftsmith.runtime.heads.mtp_config import MAX_MODULES
+
+if TYPE_CHECKING:
+    from draftsmith.runtime.heads.mtp import MtpHead
+
+log = logging.getLogger(__name__)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+@dataclass
+class MtpSection(HeadSection):
+    """`head:` of an MTP train config (configs/mtp-*.yaml); the target may co-train (`cotrain:`)."""
+
+    type: Literal["mtp"] = "mtp"
+    num_modules: int = 1  # depth M: module m predicts token t+m+2 (1..4)
+    labels: Literal["target", "data"] = "target"  # the target's distributions, or the data's tokens
+    # Input conventions (runtime/heads/mtp.py): h_0 after the target's final norm (DeepSeek) or before it
+    # (pre_norm: what vLLM's MiMo model feeds, for `export --format mtp-mimo`), and vLLM's zeroed
+    # embedding at position 0.
+    mtp_feature: Literal["final_norm", "pre_norm"] = "final_norm"
+    mtp_mask_first_position: bool = False
+
+    def validate(self) -> MtpSection:
+        super().validate()
+        if not 1 <= self.num_modules <= MAX_MODULES:
+            raise BadInputError("head.num_modules", self.num_modules, f"an integer in [1, {MAX_MODULES}]")
+        return self
+
+    def head_options(self) -> dict:
+        """MtpConfig.for_target's keywords besides the module count (trainer and preflight alike)."""
+        return dict(feature=self.mtp_feature, mask_first_position=self.mtp_mask_first_position)
+
+
+def _folder_and_option(arg: str) -> tuple[str, bool]:
+    folder, _, option = arg.partition("#")
+    if option not in ("", "recursive"):
+        raise BadInputError("--draft", f"mtp:{arg}", "mtp:DIR or mtp:DIR#recursive")
+    return folder, option == "recursive"
+
+
+def make_drafter(arg: str, target, tree, device: str, dtype: str):
+    from draftsmith.runtime.drafters.drafter import count_params, param_ratio
+    from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+    from draftsmith.runtime.heads.mtp import load_head
+
+    folder, recursive = _folder_and_option(arg)
+    head = load_head(folder, target).to(device=target.device, dtype=target.dtype)
+    drafter = MtpDrafter(head, target, tree, recursive=recursive)
+    # a module's own weights, plus the target's LM head it drafts through (MTP shares it)
+    lm_head = target.model.get_output_embeddings().weight.numel()
+    drafter.step_cost = param_ratio(head, target) / head.config.num_modules + lm_head / count_params(
+        target.model
+    )
+    return drafter
+
+
+def default_depth(arg: str) -> int | None:
+    """Without #recursive a module drafts one position: a head of one module defaults to chain:1."""
+    from draftsmith.runtime.heads.mtp import num_modules
+
+    folder, _, option = arg.partition("#")
+    if folder and option != "recursive" and Path(folder).is_dir():
+        return min(DEFAULT_DEPTH, num_modules(folder))
+    return None
+
+
+# ---- export writers: the target's own files with the modules appended (runtime/heads/mtp_layout.py)
+# -------------
+def write_deepseek(folder: Path, out: Path, options: LayoutOptions) -> Written:
+    """DeepSeek's layout: the modules as layers L..L+M-1, `num_nextn_predict_layers`."""
+    return _write(folder, out, options, mimo=False)
+
+
+def write_mimo(folder: Path, out: Path, options: LayoutOptions) -> Written:
+    """MiMo's layout: one module as `model.mtp_layers.0.*`, the target as MiMoForCausalLM (vLLM serves it)."""
+    return _write(folder, out, options, mimo=True)
+
+
+def _write(folder: Path, out: Path, options: LayoutOptions, mimo: bool) -> Written:
+    from safetensors.torch import load_file
+
+    from draftsmith.runtime.heads.mtp import load_head
+    from draftsmith.runtime.heads.mtp_layout import from_deepseek, from_mimo, to_deepseek, to_mimo
+
+    head, fmt = load_head(folder), "mtp-mimo" if mimo else "mtp"
+    target_dir = _target_dir(options, folder, head.config)
+    target_config = read_json(target_dir / "config.json", "--target")
+    target_tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(target_dir.glob("*.safetensors")):
+        target_tensors.update(load_tensors(file, "--target"))
+    _check_target_weights(target_dir, target_tensors, target_config, head.config)
+    ours = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    config, tensors = (to_mimo if mimo else to_deepseek)(head.config, ours, target_config, target_tensors)
+    tensors = {k: v.contiguous().clone() for k, v in tensors.items()}  # no shared storage in safetensors
+    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    atomic_save_file(out / "model.safetensors", tensors, {"format": "pt"})
+    for name in TOKENIZER_FILES + ("generation_config.json",):
+        if (target_dir / name).is_file():
+            shutil.copy2(target_dir / name, out / name)
+    written = load_file(str(out / "model.safetensors"))
+    if mimo:
+        back_ours, back_target = from_mimo(config, written)[1], {k: written[k] for k in target_tensors}
+    else:
+        _, back_ours, back_target = from_deepseek(config, written)
+    check_round_trip(ours, back_ours, f"{fmt} export (modules)")
+    check_round_trip(target_tensors, back_target, f"{fmt} export (target)")
+    c = head.config
+    where = (
+        "as `model.mtp_layers.0` of a MiMoForCausalLM (the target with zero q/k/v biases)"
+        if mimo
+        else f"as layers {c.num_target_layers}..{c.num_target_layers + c.num_modules - 1}"
+    )
+    trained = "co-trained with the modules" if c.cotrained else "unchanged (frozen in training)"
+    details = [f"{c.num_modules} MTP module(s) {where}; target {trained}"]
+    if mimo:
+        details.append(_mimo_exactness(c))
+    return Written(c.target, asdict(c), parameter_summary(ours) + " in the modules", details)
+
+
+def _mimo_exactness(config) -> str:
+    """vLLM's MiMo MTP reads the target's pre-norm last state and zeroes the embedding at position 0;
+    a module trained otherwise still serves losslessly there, with other (usually lower) acceptance."""
+    if config.feature == "pre_norm" and config.mask_first_position:
+        return "inputs as vLLM's MiMo MTP computes them (pre-norm target state, position 0 masked): exact"
+    log.warning(
+        "export: this module reads h_0 %s and %s position 0; vLLM's MiMo MTP feeds the pre-norm state and "
+        "masks position 0, so vLLM will draft with other inputs (still lossless, other acceptance). "
+        "Train with head.mtp_feature=pre_norm head.mtp_mask_first_position=true for an exact export.",
+        "after the final norm" if config.feature == "final_norm" else "before the final norm",
+        "masks" if config.mask_first_position else "does not mask",
+    )
+    return (
+        "approximate in vLLM: it feeds the pre-norm target state and masks position 0, this module was "
+        f"trained with feature={config.feature}, mask_first_position={config.mask_first_position} "
+        "(lossless, other acceptance)"
+    )
+
+
+def _target_dir(options: LayoutOptions, folder: Path, config) -> Path:
+    from draftsmith.runtime.core.targets import local_target_folder, resolve_target
+
+    if options.target:
+        return resolve_target(options.target).path
+    if config.cotrained:
+        if not (folder / "target").is_dir():
+            raise BadInputError("--target", None, f"the co-trained target (expected it in {folder}/target)")
+        return folder / "target"
+    found = local_target_folder(config.target)
+    if found is None:
+        raise BadInputError("--target", None, f"a local copy of {config.target} (the modules' target)")
+    return found
+
+
+def _check_target_weights(target_dir: Path, tensors: dict, target_config: dict, config) -> None:
+    """The appended modules only work on the weights they were trained with (artifacts.weights_hash)."""
+    from draftsmith.runtime.core.artifacts import weights_hash_of_tensors
+
+    got = weights_hash_of_tensors(tensors, target_config["num_hidden_layers"])
+    if got != config.target_weights_hash:
+        raise BadInputError(
+            "--target",
+            str(target_dir),
+            f"the target the modules were trained with (weights {config.target_weights_hash})",
+            f"its weights hash is {got}",
+        )
+
+
+# ---- the model card's serve texts -------------------------------------------------------------------------
+def serve_deepseek(args: ServeArgs) -> str:
+    return (
+        "## Use\n\nThis folder is the target with the MTP modules appended as DeepSeek-style layers "
+        "(`num_nextn_predict_layers`).\n"
+        "transformers loads it as the plain target (the extra layers are unused); draftsmith drafts "
+        f"with the modules:\n\n```bash\ndraftsmith generate --target {args.repo} --draft mtp:{args.repo} "
+        '--prompt "Hello"\n```\n\nvLLM and SGLang load this layout only for DeepSeek architectures '
+        "(`DeepSeekMTP`, `DeepseekV3ForCausalLMNextN`), so they do not serve it for a Llama target.\n"
+    )
+
+
+def serve_mimo(args: ServeArgs) -> str:
+    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    return (
+        "## Serve\n\nThis folder is the target written as `MiMoForCausalLM` (Qwen2 with zero q/k/v "
+        "biases, which computes exactly the Llama target) with the MTP module as "
+        f"`model.mtp_layers.0`. vLLM:\n\n```bash\nvllm serve {args.repo} --speculative-config '{spec}'\n```\n"
+    )
+
+
+def read_any(folder: str, target=None) -> MtpHead:
+    from draftsmith.runtime.heads.mtp import load_head
+
+    return load_head(folder, target)
+
+
+def _module() -> type:
+    from draftsmith.runtime.heads.mtp import MtpHead
+
+    return MtpHead
+
+
+KIND = HeadKind(
+    name="mtp",
+    title="MTP modules",
+    module_class=_module,
+    section=MtpSection,
+    make_drafter=make_drafter,
+    spec="mtp:DIR[#recursive]",
+    layouts={
+        "mtp": Layout(write=write_deepseek, read=read_any, serve=serve_deepseek, reads="target"),
+        "mtp-mimo": Layout(write=write_mimo, read=read_any, serve=serve_mimo, reads="target"),
+    },
+    default_depth=default_depth,
+    cotrain=True,
+)

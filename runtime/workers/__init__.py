@@ -1,0 +1,7 @@
+"""What runs in another Python (vLLM's venv, which draftsmith's does not have), and the pipe to it.
+
+`worker_process` (start a JSON-lines worker in its own session, read its replies, stop it; draftsmith's
+side), and the scripts that run under vLLM's Python, standard library only, by path: `vllm_worker` (the
+bench's vLLM engine), `vllm_data_worker` (regeneration and capture for the data steps),
+`vllm_hidden_connector` (vLLM's hidden-states connector made to work on a CPU).
+"""
