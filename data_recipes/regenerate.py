@@ -15,6 +15,8 @@ with answers 1..j-1 already replaced, the user (and system) turns kept as they w
 - Resumable: every finished batch is appended to OUT.partial/answers-NNNNN.jsonl (written atomically);
   a restart reads them and generates only what is missing. The finished folder has the prepared format
   (the same train/validation membership as the input) and records the sampling settings.
+- A conversation with a turn whose prompt (the history with the regenerated answers) does not fit the
+  target's context is left out and counted as dropped; its later turns are not asked (as with vLLM).
 """
 
 from __future__ import annotations
@@ -92,17 +94,20 @@ def generate_turns(
     rounds = max((len(assistant_turns(m)) for m in conversations.values()), default=0)
     total = sum(len(assistant_turns(m)) for m in conversations.values())
     bar = tqdm(total=total, initial=len(answers), desc="regenerate", unit="turn", disable=not progress)
+    # Rows with a turn whose prompt did not fit: their later turns are not asked (their history would
+    # lack that answer) and the row is left out, counted once, as vllm_regenerate.turn_request does.
+    dropped: set[str] = set()
     for r in range(rounds):
         todo = []  # (row id, message index, prompt ids)
         for row_id, messages in conversations.items():
             turns = assistant_turns(messages)
-            if r >= len(turns) or (row_id, turns[r]) in answers:
+            if r >= len(turns) or (row_id, turns[r]) in answers or row_id in dropped:
                 continue
             history = [_with_answer(m, i, row_id, answers) for i, m in enumerate(messages[: turns[r]])]
             todo.append((row_id, turns[r], chat_prompt_ids(target, history)))
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
-            batch = [b for b in batch if _fits(target, b, summary)]
+            batch = [b for b in batch if _fits(target, b, summary, dropped)]
             if not batch:
                 continue
             gens = None
@@ -137,9 +142,10 @@ def chat_prompt_ids(target, messages: list[dict]) -> list[int]:
     return target.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _fits(target, item, summary: Summary) -> bool:
+def _fits(target, item, summary: Summary, dropped: set[str]) -> bool:
     if len(item[2]) >= target.max_context:
         summary.drop("prompt longer than the target's context")
+        dropped.add(item[0])
         return False
     return True
 

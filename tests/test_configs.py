@@ -10,7 +10,13 @@ from draftsmith.train.config import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # File-name prefix -> schema. A new kind of config must be registered here, so none goes untested.
-SCHEMAS = {"demo-": DemoConfig, "eagle3-": TrainConfig, "mtp-": TrainConfig, "medusa-": TrainConfig}
+SCHEMAS = {
+    "demo-": DemoConfig,
+    "eagle3-": TrainConfig,
+    "mtp-": TrainConfig,
+    "medusa-": TrainConfig,
+    "medusa2-": TrainConfig,
+}
 
 
 def schema_for(path: Path):

@@ -9,6 +9,7 @@ tree mask, soft cross-entropy on the draft vocabulary, per-step accuracy, simula
 (its attention without a dense mask: causal + diagonal keys merged by log-sum-exp), `eagle3_data` (online
 and offline batches), `mtp_objective` (MTP modules: distillation or data labels, per-module accuracy),
 `medusa_objective` (Medusa-1 heads: per-head soft or data cross-entropy, the sparse tree's calibration),
+`medusa2` (Medusa-2: the target co-trained with the heads, lambda0's warmup, self-distillation),
 `cotrain` (LoRA / full co-training of the target, the drift report), `heads` (the EAGLE-3 and MTP
 objectives: what the loop needs per head kind), `objectives` (the registry of objectives by head kind;
 runtime/heads/head_kinds.py registers the kinds), `trainer` (the loop, numerics guard), `accelerator_setup`

@@ -24,8 +24,9 @@ def default_head() -> HeadSection:
 
 @dataclass
 class CotrainConfig:
-    """Train the target with the head, for kinds that allow it (runtime/heads/head_kinds.py, `cotrain=True`:
-    MTP, loss = L_next + mtp_weight * sum_m decay**m L_m)."""
+    """Train the target with the head, for kinds that allow it (runtime/heads/head_kinds.py, `cotrain=True`):
+    MTP, loss = L_next + mtp_weight * sum_m decay**m L_m; Medusa-2 (train/medusa2.py), loss = L_LM +
+    lambda0 * sum_k decay**k CE_k (Cai et al. 2024, arXiv:2401.10774 section 2.3.2)."""
 
     enabled: bool = False
     method: Literal["lora", "full"] = "lora"  # LoRA adapters (peft, merged at export) or every weight
@@ -35,6 +36,18 @@ class CotrainConfig:
     lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     freeze_embeddings: bool = True  # keep the embedding and the LM head (tied in SmolLM2) as they were
     mtp_weight: float = 0.3  # lambda (DeepSeek-V3: 0.3 early in pretraining)
+    # Medusa-2: lambda0 (0.2 in the Medusa-2 axolotl recipes), ramped from ~0 over the warmup steps (the
+    # paper's heads warmup: fresh heads' large loss must not drag the target), linear or sine in the step
+    medusa_weight: float = 0.2
+    medusa_weight_warmup_steps: int = 0  # 0 = lambda0 from the first step
+    medusa_weight_schedule: Literal["linear", "sine"] = "sine"
+    # Medusa-2 self-distillation, for data whose answers are not the target's own: the target's loss is
+    # KL(original || target) per position instead of CE on the data; the original is the target with its
+    # LoRA adapters off, or a frozen copy (full, or freeze_embeddings=false: the weights once more in memory)
+    self_distill: bool = False
+    # The target's weights train at train.lr * target_lr_ratio, the head's at train.lr (Medusa-2's
+    # differential learning rates: heads faster than the target); 1 = one learning rate for all
+    target_lr_ratio: float = 1.0
 
 
 @dataclass
@@ -250,6 +263,14 @@ class TrainConfig:
             )
         if not c.mtp_weight > 0:
             raise BadInputError("cotrain.mtp_weight", c.mtp_weight, "a number > 0")
+        if not c.medusa_weight > 0:
+            raise BadInputError("cotrain.medusa_weight", c.medusa_weight, "a number > 0 (lambda0)")
+        if c.medusa_weight_warmup_steps < 0:
+            raise BadInputError(
+                "cotrain.medusa_weight_warmup_steps", c.medusa_weight_warmup_steps, "an integer >= 0"
+            )
+        if not c.target_lr_ratio > 0:
+            raise BadInputError("cotrain.target_lr_ratio", c.target_lr_ratio, "a number > 0")
 
 
 def load_train_config(path, overrides=()) -> TrainConfig:

@@ -1,9 +1,11 @@
-"""Co-training the target with its MTP modules: full fine-tuning or LoRA adapters (peft), and the drift
-report that keeps a faster but worse target from shipping.
+"""Co-training the target with its head (MTP modules, Medusa-2 heads: train/medusa2.py): full fine-tuning
+or LoRA adapters (peft), and the drift report that keeps a faster but worse target from shipping.
 
     peft_model = make_trainable(target, cfg.cotrain)   # LoRA adapters injected in place, or all weights
     sums = drift_sums(target, peft_model, batches)     # held-out CE; KL and argmax agreement to the original
     save_cotrained_target(target, peft_model, folder)  # adapters merged, an HF folder + tokenizer
+    optimizer = AdamW(param_groups(params, target.model, lr, ratio))   # the target at lr * ratio
+    kl = kl_to_original(original_logits(target, peft_model, batch, sel), logits)   # [N] (Medusa-2)
 
 Only ModelOpt co-trains a target with its draft (`eagle_freeze_base_model=False`), and none with LoRA
 (among public trainers); DeepSeek-V3 trained its MTP module jointly during pretraining.
@@ -19,6 +21,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from draftsmith.runtime.core.errors import BadInputError
 
@@ -115,7 +118,53 @@ def target_hidden(target, input_ids: torch.Tensor, valid: torch.Tensor, with_pre
 
 
 def _logits_at(target, batch, sel) -> torch.Tensor:
-    return target.lm_head(target_hidden(target, batch["input_ids"], batch["valid"])[sel]).float()  # [N, V]
+    logits = target.lm_head(target_hidden(target, batch["input_ids"], batch["valid"])[sel])  # [N, V]
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+@torch.no_grad()
+def original_logits(target, original, batch, sel) -> torch.Tensor:
+    """The original target's logits [N, V] (float32, on the batch's device) at the positions `sel`:
+    `original` is a peft model (the target with its LoRA adapters switched off: no second copy) or another
+    Target (the original loaded or copied beside it, `frozen_original`)."""
+    if hasattr(original, "disable_adapter"):
+        with original.disable_adapter():
+            return _logits_at(target, batch, sel)
+    moved = {k: v.to(original.device) for k, v in batch.items()}
+    return _logits_at(original, moved, sel.to(original.device)).to(batch["input_ids"].device)
+
+
+def kl_to_original(before: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(p_original || p_target) per row [N] from the original's logits `before` [N, V] and the target's
+    `logits` [N, V], in float32 at least; the gradient flows through `logits` only."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    logp, logq = before.detach().to(dtype).log_softmax(-1), logits.to(dtype).log_softmax(-1)
+    # kl_div keeps only p for its backward (a manual p * (log p - log q) keeps more [N, V] tensors)
+    return F.kl_div(logq, logp, reduction="none", log_target=True).sum(-1)
+
+
+def frozen_original(target):
+    """A frozen copy of `target` as it is now (its weights once more in memory): the original wherever
+    the target with its adapters off is not it (full fine-tuning, trained embeddings)."""
+    import copy
+
+    from draftsmith.runtime.core.target import Target
+
+    original = Target(copy.deepcopy(target.model).requires_grad_(False).eval(), target.tokenizer, target.name)
+    original.path = target.path
+    return original
+
+
+def param_groups(params: list, target_model, lr: float, ratio: float) -> list:
+    """The optimizer's parameters: the head's at `lr` (first, so the logged `lr` stays the head's) and the
+    target's at `lr * ratio` (Medusa-2's differential learning rates, Cai et al. 2024 section 2.3.2).
+    With ratio 1, one plain list: what checkpoints written before the groups existed hold."""
+    if ratio == 1.0:
+        return params
+    ours = {id(p) for p in target_model.parameters()}
+    head = [p for p in params if id(p) not in ours]
+    tuned = [p for p in params if id(p) in ours]
+    return [{"params": head, "lr": lr}, {"params": tuned, "lr": lr * ratio}]
 
 
 @torch.no_grad()
@@ -135,15 +184,8 @@ def drift_sums(target, original, batches) -> torch.Tensor:
         sums[1] += n
         if original is None:
             continue
-        if hasattr(original, "disable_adapter"):
-            with original.disable_adapter():
-                before = _logits_at(target, batch, sel)
-        else:
-            moved = {k: v.to(original.device) for k, v in batch.items()}
-            before = _logits_at(original, moved, sel.to(original.device))
-            before = before.to(logits.device)
-        logp, logq = before.log_softmax(-1), logits.log_softmax(-1)
-        sums[2] += float((logp.exp() * (logp - logq)).sum())
+        before = original_logits(target, original, batch, sel).to(logits.device)
+        sums[2] += float(kl_to_original(before, logits).sum())
         sums[3] += float((before.argmax(-1) == logits.argmax(-1)).sum())
     return sums
 

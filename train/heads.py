@@ -87,6 +87,7 @@ def make_batch(target, rows, aux_layers, device) -> dict:
 
 class Eagle3Kind:
     kind, label, steps_label, ttt = "eagle3", "EAGLE-3", "K={}", True
+    memory = "ttt"  # the memory preflight's terms (train/preflight.py MEMORY_TERMS): the unroll's
 
     @staticmethod
     def steps(cfg) -> int:
@@ -171,6 +172,7 @@ def mtp_batch(rows: list[dict], device, dtype) -> dict:
 
 class MtpKind:
     kind, label, steps_label, ttt = "mtp", "MTP", "M={} modules", False
+    memory = "modules"  # the memory preflight's terms: the modules' blocks and attention
 
     @staticmethod
     def steps(cfg) -> int:

@@ -12,8 +12,9 @@ soft cross-entropy, self-distillation) or on the data's token t+k+2 (`labels="da
 Medusa-1 on SFT data). With a reduced vocabulary both live in the draft vocabulary (EAGLE-3's rule: the
 teacher renormalized over the draft ids, data tokens outside it not counted). Accuracy compares the
 head's argmax with the target's (what a greedy verifier accepts); simulated tau is the trainer's
-`simulated_tau` of those. The target stays frozen (Medusa-2's co-training is not here).
-Tests: tests/train/test_medusa_objective.py.
+`simulated_tau` of those. The target stays frozen; with `cotrain.enabled` (Medusa-2, train/medusa2.py)
+`MedusaModel` runs it with gradients and adds its own loss: L_LM + lambda0 * L_medusa.
+Tests: tests/train/test_medusa_objective.py, tests/train/test_medusa2.py.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from draftsmith.train.mtp_objective import shift, teacher_positions
 @dataclass
 class MedusaOutput(TTTOutput):
     hits: torch.Tensor | None = None  # [K, topk] positions where head k's rank-i token is the target's
+    target_loss: torch.Tensor | None = None  # Medusa-2: the target's own L_LM (CE, or KL to the original)
 
 
 def head_targets(teacher: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor | None, t2d: torch.Tensor):
@@ -57,6 +59,7 @@ def medusa_loss(
     labels: str = "target",
     decay: float = 0.8,
     topk: int = 1,  # ranks counted per head: hits [K, topk] (calibration), correct = rank 0's
+    detach_hidden: bool = True,  # Medusa-1; Medusa-2 lets the heads' loss reach the target through h
 ) -> MedusaOutput:
     device = input_ids.device
     sel = teacher_positions(loss_mask, valid)  # [B, T]
@@ -65,7 +68,7 @@ def medusa_loss(
     teacher = teacher_logits.detach().to(torch.promote_types(teacher_logits.dtype, torch.float32))
     supervised = (loss_mask > 0) & valid
     ids = heads.draft_ids()
-    blocks = heads(h.detach())  # [K, B, T, H]: one forward, every head on the same state
+    blocks = heads(h.detach() if detach_hidden else h)  # [K, B, T, H]: one forward, every head on h
     losses, corrects, counts, hits = [], [], [], []
     for k in range(heads.config.num_heads):
         counted = shift(supervised, k + 2, False)  # [B, T]: token t+k+2 is supervised
@@ -88,11 +91,14 @@ def medusa_loss(
 
 class MedusaModel(nn.Module):
     """The heads and their objective as one module (what Accelerate prepares); the frozen target is used
-    but deliberately not a submodule (never trained, sharded or saved)."""
+    but deliberately not a submodule (never trained, sharded or saved). Medusa-2: `cotrain`
+    (train/medusa2.CotrainedTarget) holds the trained target as a submodule and computes its loss."""
 
-    def __init__(self, heads: MedusaHeads, target, labels: str, decay: float):
+    def __init__(
+        self, heads: MedusaHeads, target, labels: str, decay: float, cotrain: nn.Module | None = None
+    ):
         super().__init__()
-        self.heads, self.labels, self.decay = heads, labels, decay
+        self.heads, self.labels, self.decay, self.cotrain = heads, labels, decay, cotrain
         self._target = [target]  # a list hides it from nn.Module registration
         self.topk = 1
 
@@ -102,17 +108,24 @@ class MedusaModel(nn.Module):
         return out.loss, out.correct, out.counted
 
     def objective(self, input_ids, loss_mask, valid, last_hidden=None) -> MedusaOutput:
-        target = self._target[0]
-        with torch.no_grad():
-            if last_hidden is None:  # [B, T, H] after the final norm, from the model's own forward
-                h = target.decoder(input_ids=input_ids, attention_mask=valid.long(), use_cache=False)[0]
-            else:  # offline: the capture holds the state before the final norm
-                h = target.final_norm(last_hidden.to(target.dtype))
-            sel = teacher_positions(loss_mask, valid)
-            teacher = target.lm_head(h[sel])  # [N, V] only where some head reads them
-        return medusa_loss(
-            self.heads, target, input_ids, h, teacher, loss_mask, valid, self.labels, self.decay, self.topk
-        )
+        target, cotrain = self._target[0], self.cotrain
+        if cotrain is not None:  # Medusa-2: online only (train/config.py); h and L_LM with gradients
+            h, teacher, target_loss = cotrain(input_ids, loss_mask, valid)
+        else:
+            with torch.no_grad():
+                if last_hidden is None:  # [B, T, H] after the final norm, from the model's own forward
+                    h = target.decoder(input_ids=input_ids, attention_mask=valid.long(), use_cache=False)[0]
+                else:  # offline: the capture holds the state before the final norm
+                    h = target.final_norm(last_hidden.to(target.dtype))
+                sel = teacher_positions(loss_mask, valid)
+                teacher = target.lm_head(h[sel])  # [N, V] only where some head reads them
+        out = medusa_loss(
+            self.heads, target, input_ids, h, teacher, loss_mask, valid, self.labels, self.decay, self.topk,
+            detach_hidden=cotrain is None,
+        )  # fmt: skip
+        if cotrain is not None:  # the combined loss of Cai et al. 2024 section 2.3.2: L_LM + lambda0 L_medusa
+            out.target_loss, out.loss = target_loss, target_loss + cotrain.weight * out.loss
+        return out
 
 
 def build_heads(section: MedusaSection, target, vocab_dir=None) -> MedusaHeads:
@@ -139,9 +152,11 @@ def build_heads(section: MedusaSection, target, vocab_dir=None) -> MedusaHeads:
 
 class MedusaKind:
     """What the trainer drives (train/heads.py's Eagle3Kind / MtpKind shape): `head`, `model`, `depth`,
-    `batch(rows, device)`, `save_final(state, folder)`; `peft_model` is None (the target is frozen)."""
+    `batch(rows, device)`, `save_final(state, folder)`; with Medusa-2 also `peft_model` (LoRA), `original`
+    (what the drift report compares with), `begin_step(step)` (lambda0) and `log_fields()`."""
 
     kind, label, steps_label, ttt = "medusa", "Medusa", "K={} heads", False  # train/objectives.py's keys
+    memory = "heads"  # the memory preflight's terms (train/preflight.py medusa_terms): no attention
 
     @staticmethod
     def steps(cfg) -> int:
@@ -155,10 +170,25 @@ class MedusaKind:
     def __init__(self, cfg, target, aux_layers, paths):
         self.cfg, self.target, self.paths = cfg, target, paths
         section = cfg.head
-        self.head = build_heads(section, target, getattr(paths, "vocab", None))
-        self.model = MedusaModel(self.head, target, section.labels, cfg.train.step_decay)
+        self.head = build_heads(section, target, getattr(paths, "vocab", None))  # from the original target
+        self.peft_model = self.original = cotrain = None
+        if getattr(cfg, "cotrain", None) is not None and cfg.cotrain.enabled:  # Medusa-2 (train/medusa2.py)
+            from draftsmith.train.medusa2 import cotrained_target
+
+            cotrain, self.peft_model, self.original = cotrained_target(cfg, target)
+        self.model = MedusaModel(self.head, target, section.labels, cfg.train.step_decay, cotrain)
         self.depth = section.num_heads
-        self.peft_model = None
+
+    def begin_step(self, step: int) -> None:
+        """Medusa-2: lambda0 of optimizer step `step` (0-based; the trainer calls this before each step)."""
+        if self.model.cotrain is not None:
+            from draftsmith.train.medusa2 import medusa_weight
+
+            self.model.cotrain.weight = medusa_weight(step, self.cfg.cotrain)
+
+    def log_fields(self) -> dict:
+        """What a train row adds: Medusa-2's lambda0 of the step."""
+        return {} if self.model.cotrain is None else {"medusa_weight": self.model.cotrain.weight}
 
     def batch(self, rows, device) -> dict:
         from draftsmith.train.heads import mtp_batch  # the same inputs as MTP: ids, masks, last_hidden
@@ -167,10 +197,19 @@ class MedusaKind:
 
     def save_final(self, state: dict, folder) -> None:
         """The heads to `folder`, with per-rank accuracies measured on the validation split (the sparse
-        tree's calibration) when there is one."""
+        tree's calibration) when there is one. Medusa-2: the co-trained target (adapters merged) to
+        `folder/target` first, the heads bound to its weights hash and calibrated with it."""
+        from pathlib import Path
+
         from draftsmith.train.heads import load_partial
 
         heads = load_partial(MedusaHeads(self.head.config), state, "heads.")
+        if self.model.cotrain is not None:
+            from draftsmith.train.cotrain import save_cotrained_target
+            from draftsmith.train.medusa2 import bind_to_target
+
+            where = Path(folder) / "target"
+            heads = bind_to_target(heads, save_cotrained_target(self.target, self.peft_model, where), where)
         rows = self.calibration_rows()
         if rows:
             heads = with_accuracies(heads, self.calibrate(heads, rows))

@@ -78,4 +78,5 @@ def next_token_loss(teacher_logits: torch.Tensor, input_ids: torch.Tensor, sel: 
     """The target's own language-model loss on the data: mean CE of token t+1 over the positions `sel`
     (`teacher_positions`) where the target's logits `teacher_logits` [N, V] were computed."""
     labels = shift(input_ids, 1)[sel]  # [N]
-    return F.cross_entropy(teacher_logits.float(), labels, reduction="sum") / max(int(sel.sum()), 1)
+    logits = teacher_logits.to(torch.promote_types(teacher_logits.dtype, torch.float32))  # float64 stays
+    return F.cross_entropy(logits, labels, reduction="sum") / max(int(sel.sum()), 1)

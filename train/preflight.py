@@ -7,7 +7,8 @@
 Nothing loads: the target and the head are built on the meta device (`torch.device("meta")`) from the
 config alone, so parameter bytes are exact per dtype. The rest counts, tensor by tensor and per token,
 what the trainer's code keeps (train/eagle3_data.py, train/eagle3_objective.py, train/ttt_attention.py,
-train/heads.py, train/mtp_objective.py):
+train/heads.py, train/mtp_objective.py, train/medusa_objective.py); the objective's `memory` names whose
+terms (MEMORY_TERMS: EAGLE-3's unroll, MTP's modules, Medusa's heads):
 
 - resident: the target's weights (whole on every rank; offline only its embedding, final norm and LM
   head), the trainable parameters, their gradients and AdamW's two moments (+ DeepSpeed's fp32 master
@@ -49,16 +50,20 @@ class Knobs:
     mode: str  # online | offline
     batch: int  # B: rows per micro-batch per rank
     length: int  # T: tokens per row (data.max_length: the padded worst case)
-    steps: int  # K: TTT steps (EAGLE-3) or modules (MTP): the objective's `steps(cfg)`
+    steps: int  # K: TTT steps (EAGLE-3), modules (MTP) or heads (Medusa): the objective's `steps(cfg)`
     draft_vocab: int
     aux_layers: tuple[int, ...]
     options: dict = field(default_factory=dict)  # the head section's head_options() (fc_norm, feature, ...)
     ttt: bool = True  # the objective unrolls a training-time test (EAGLE-3); else one forward per module
+    memory: str = (
+        "ttt"  # whose terms (the objective's `memory`): ttt (EAGLE-3), modules (MTP), heads (Medusa)
+    )
     labels: str = "target"  # MTP: soft (target) or hard (data) labels
     cotrain: str | None = None  # None, "lora" or "full"
     lora_rank: int = 16
     lora_modules: tuple[str, ...] = ()
     freeze_embeddings: bool = True
+    self_distill: bool = False  # Medusa-2 self-distillation: a teacher forward (and maybe a frozen copy)
     attention: str = "decomposed"  # the TTT step's attention (train.ttt_attention)
     logit_chunk: int = 1024  # rows per chunk of target logits and soft cross-entropy (train.logit_chunk)
     checkpointing: bool = False  # the head's layers recomputed in backward (train.activation_checkpointing)
@@ -87,11 +92,13 @@ class Knobs:
             aux_layers=aux,
             options=h.head_options(),
             ttt=kind.ttt,
+            memory=kind.memory,
             labels=getattr(h, "labels", "target"),  # a section with a labels key (MTP) says which
             cotrain=c.method if c.enabled else None,
             lora_rank=c.lora_rank,
             lora_modules=tuple(m.strip() for m in c.lora_target_modules.split(",") if m.strip()),
             freeze_embeddings=c.freeze_embeddings,
+            self_distill=c.enabled and c.self_distill,
             attention=cfg.train.ttt_attention,
             logit_chunk=cfg.train.logit_chunk,
             checkpointing=cfg.train.activation_checkpointing,
@@ -217,10 +224,7 @@ def estimate(shapes: TargetShapes, knobs: Knobs, setup: Setup, head_params: int 
     if head_params is None:
         head_params = head_parameters(shapes, knobs)
     terms = resident_terms(shapes, knobs, setup, head_params)
-    if knobs.ttt:
-        terms += eagle3_batch_terms(shapes, knobs, setup) + eagle3_step_terms(shapes, knobs, setup)
-    else:
-        terms += mtp_terms(shapes, knobs, setup)
+    terms += MEMORY_TERMS[knobs.memory](shapes, knobs, setup)  # the kind's own terms (objective.memory)
     return Estimate(shapes, knobs, setup, terms, head_params)
 
 
@@ -250,6 +254,10 @@ def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) ->
     elif k.cotrain == "full":
         trainable = s.params - (s.embedding_params if k.freeze_embeddings else 0)
         terms += trainable_terms("target", trainable, s.dtype_bytes, setup, with_params=False)
+    if k.self_distill and (k.cotrain == "full" or not k.freeze_embeddings):  # train/medusa2.py's teacher
+        terms.append(
+            Term("original target (frozen copy)", whole, "the self-distillation teacher", "resident")
+        )
     return terms
 
 
@@ -404,6 +412,25 @@ def eagle3_step_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
     ]
 
 
+def target_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
+    """The target inside an MTP or Medusa step: online, its forward under no_grad (the frozen target's,
+    or a co-trained one's teacher); co-trained, every layer's activations and its next-token loss."""
+    mode, tokens, t = setup.mode, k.batch * k.length, k.length
+    h, v, b, cotrain = s.hidden, s.vocab, s.dtype_bytes, k.cotrain is not None
+    terms = []
+    if k.mode == "online" and (not cotrain or k.self_distill):  # the frozen target's or the teacher's
+        ws = tokens * (target_forward_bytes(s, mode, setup.tp) + 2 * b * h + t)  # + a [B, 1, T, T] bool mask
+        terms.append(Term("target forward (no_grad)", ws, "a layer's working set, [B,1,T,T] mask", "batch"))
+    if cotrain:  # the target runs with gradients: every layer keeps its activations
+        per_layer = layer_saved(s, "half" if mode != "fp32" else mode, True, s.qk_norm) + kernel_saved(
+            "flash", s, mode, t, t
+        )
+        target = tokens * (s.layers * per_layer + norm_saved(mode, h, True) + 4 * v)
+        how = f"{s.layers} layers with gradients + next-token loss"
+        terms.append(Term("target activations (co-training)", target, how, "step"))
+    return terms
+
+
 def mtp_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
     """One MTP micro-batch (train/heads.py MtpModel, train/mtp_objective.py): the target's last hidden
     states and its logits at every supervised position (worst case: all), then per module the block's
@@ -412,23 +439,7 @@ def mtp_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
     a, h, v, b = act_bytes(mode), s.hidden, s.vocab, s.dtype_bytes
     cotrain = k.cotrain is not None
     teacher = tokens * (b * v + (4 * v if b != 4 else 0) + 2 * b * h)  # logits (dtype, fp32), h_0, pre-norm
-    terms = []
-    if k.mode == "online" and not cotrain:
-        ws = tokens * (target_forward_bytes(s, mode, setup.tp) + 2 * b * h + t)  # + a [B, 1, T, T] bool mask
-        terms.append(Term("target forward (no_grad)", ws, "a layer's working set, [B,1,T,T] mask", "batch"))
-    if cotrain:  # the target runs with gradients: every layer keeps its activations
-        per_layer = layer_saved(s, "half" if mode != "fp32" else mode, True, s.qk_norm) + kernel_saved(
-            "flash", s, mode, t, t
-        )
-        target = tokens * (s.layers * per_layer + norm_saved(mode, h, True) + 4 * v)
-        terms.append(
-            Term(
-                "target activations (co-training)",
-                target,
-                f"{s.layers} layers with gradients + next-token loss",
-                "step",
-            )
-        )
+    terms = target_terms(s, k, setup)
     per_module, attention = 0.0, 0.0
     for m in range(k.steps):
         per_module += norm_saved(mode, h, False) + norm_saved(mode, h, m > 0 or cotrain)  # enorm, hnorm
@@ -455,3 +466,55 @@ def mtp_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
         Term("loss tensors", loss, "M x B x T x V x fp32 (log-softmax, target probs)", "step"),
         Term("working set", working, "the last module's logits", "step"),
     ]
+
+
+def medusa_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
+    """One Medusa micro-batch (train/medusa_objective.py): the target's last state h and its logits at
+    every supervised position (worst case: all), then K heads on that one state, each its residual
+    blocks' activations and a cross-entropy over the draft vocabulary Vd (head.reduce_vocab, else V):
+    no attention, nothing per head from the target. A shared LM head's Vd rows are sliced once while the
+    target is frozen (runtime/heads/medusa.py draft_rows); co-trained (Medusa-2), once per head in the
+    graph, with each head's input saved for the rows' gradient."""
+    mode, tokens = setup.mode, k.batch * k.length
+    a, h, v, b = act_bytes(mode), s.hidden, s.vocab, s.dtype_bytes
+    vd = k.options.get("draft_vocab_size") or v
+    shared, layers = k.options.get("original_lm_head", True), k.options.get("num_layers", 1)
+    cotrain = k.cotrain is not None
+    p = 2 if mode == "half" else 4  # the heads' dtype: float32, DeepSpeed's bf16 module under "half"
+    terms = target_terms(s, k, setup)
+    if shared and vd < v:
+        rows = Term("draft rows of the LM head", vd * h * b, f"Vd x H x {b} B, sliced once", "resident")
+        if cotrain:
+            rows = Term(rows.name, k.steps * vd * h * b, f"K x Vd x H x {b} B, sliced per head", "step")
+        terms.append(rows)
+    state = b * h + (p * h if p != b else 0) + (b * h if k.mode == "offline" else 0)  # h, its cast, capture
+    teacher = tokens * (state + b * v + (4 * v if b != 4 else 0))  # + the [N, V] logits (dtype, fp32)
+    first = linear_inputs(mode, h, 1) if layers and mode == "amp" else 0  # autocast's copy of h per head
+    blocks = first + layers * a * h + max(layers - 1, 0) * linear_inputs(mode, h, 1)  # SiLU, linear inputs
+    own = not shared or cotrain  # the LM head's input is saved for its weight's gradient
+    soft = 8 if k.labels == "target" else 4  # log-softmax (+ the target's probabilities), fp32
+    loss = soft * vd + 8 + (linear_inputs(mode, h, 1) if own else 0)  # + the gathered positions
+    working = tokens * (4 * v + 4 * vd + (4 + (a if a != 4 else 0)) * vd)  # the last head's rows, logits
+    words = f"Vd x fp32 ({'log-softmax, target probs' if soft == 8 else 'log-softmax'})"
+    words += f", Vd = {vd} (head.reduce_vocab)" if vd < v else f", Vd = V = {v}"
+    fp32 = " + fp32" if b != 4 else ""
+    return terms + [
+        Term("teacher: target logits, h", teacher, f"B x T x (H + V) ({b} B{fp32}), V = {v}", "step"),
+        Term(
+            "head activations (B x T x K)",
+            tokens * k.steps * (blocks + p * h),  # + each head's output in the [K, B, T, H] stack
+            f"{k.steps} head(s) x {layers} residual block(s): linear and SiLU inputs, outputs",
+            "step",
+        ),
+        Term("loss tensors", tokens * k.steps * loss, f"K x B x T x {words}", "step"),
+        Term("working set", working, "the last head's teacher rows and draft logits", "step"),
+    ]
+
+
+def eagle3_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
+    return eagle3_batch_terms(s, k, setup) + eagle3_step_terms(s, k, setup)
+
+
+# The terms of each kind's `memory` (its objective declares it, train/objectives.py); a kind whose memory
+# differs from these adds its own.
+MEMORY_TERMS = {"ttt": eagle3_terms, "modules": mtp_terms, "heads": medusa_terms}

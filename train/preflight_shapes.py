@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.families import family_of
 
 if TYPE_CHECKING:
     from draftsmith.train.preflight import Knobs
@@ -38,13 +39,7 @@ def read_target_config(spec: str, resolve: bool = False):
     errors, a GGUF converted once); a Hub id still by its config.json (its weights download after)."""
     from transformers import AutoConfig
 
-    from draftsmith.runtime.core.targets import (
-        ALIASES,
-        SUPPORTED_MODEL_TYPES,
-        check_gguf,
-        embedded_gguf_path,
-        resolve_target,
-    )
+    from draftsmith.runtime.core.targets import ALIASES, check_gguf, embedded_gguf_path, resolve_target
 
     path, name = Path(spec).expanduser(), spec
     gguf = spec in ALIASES or (path.is_file() and path.suffix == ".gguf")
@@ -57,7 +52,7 @@ def read_target_config(spec: str, resolve: bool = False):
         check_gguf(file)
         config = AutoConfig.from_pretrained(file.parent, gguf_file=file.name)
         name = ALIASES[spec].hub_name if spec in ALIASES else spec
-        return _checked(config, spec, SUPPORTED_MODEL_TYPES), name
+        return _checked(config, spec), name
     elif path.is_dir() or path.is_file():
         source = path / "config.json" if path.is_dir() else path
     elif spec in shipped_targets():
@@ -73,7 +68,7 @@ def read_target_config(spec: str, resolve: bool = False):
     from draftsmith.runtime.core.errors import read_json
 
     read_json(source, "target")  # malformed JSON is refused naming the file
-    return _checked(AutoConfig.from_pretrained(str(source)), spec, SUPPORTED_MODEL_TYPES), name
+    return _checked(AutoConfig.from_pretrained(str(source)), spec), name
 
 
 def _hub_config(repo_id: str) -> Path:
@@ -91,10 +86,10 @@ def _hub_config(repo_id: str) -> Path:
         ) from None
 
 
-def _checked(config, spec, supported):
+def _checked(config, spec):
+    """The config of a supported family (runtime/core/families.py), else exit 2 naming the supported ones."""
     model_type = getattr(config, "model_type", None)
-    if model_type not in supported:
-        raise BadInputError("target", f"{spec} (model_type={model_type!r})", f"one of {list(supported)}")
+    family_of(config, "target", f"{spec} (model_type={model_type!r})")
     return config
 
 
@@ -124,14 +119,15 @@ class TargetShapes:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         params = list(model.parameters())  # shared (tied) tensors appear once
-        decoder = model.model
+        family = family_of(config)
+        decoder = model.get_submodule(family.decoder)  # a vision-language model nests its text decoder
         parts = {
             id(p): p for m in (decoder.embed_tokens, decoder.norm, model.lm_head) for p in m.parameters()
         }
         embeds = {id(p): p for m in (decoder.embed_tokens, model.lm_head) for p in m.parameters()}
         return cls(
             name=name,
-            config=config,
+            config=family.text(config),
             dtype_bytes=torch.empty((), dtype=dtype).element_size(),
             params=sum(p.numel() for p in params),
             param_bytes=sum(p.numel() * p.element_size() for p in params),
@@ -178,8 +174,8 @@ class TargetShapes:
         return self.kv_heads * self.head_dim
 
     @property
-    def qk_norm(self) -> bool:  # Qwen3 normalizes q and k per head
-        return self.config.model_type == "qwen3"
+    def qk_norm(self) -> bool:  # Qwen3 and Gemma 3 normalize q and k per head (runtime/core/families.py)
+        return family_of(self.config).qk_norm
 
 
 class _ConfigOnly:

@@ -3,7 +3,7 @@
     draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 output_dir=runs/smoke
     accelerate launch --config_file configs/accelerate/ddp-cpu.yaml -m draftsmith.train --config ...
 
-A run: load the target (frozen, or made trainable for MTP co-training; in offline mode only its
+A run: load the target (frozen, or made trainable for co-training: MTP, Medusa-2; in offline mode only its
 embedding, final norm and LM head, `runtime/core/target_parts.py`), run the data steps it needs
 (cached), build the head and its objective (`objectives.objective(head.type)`, train/heads.py), then
 AdamW with linear warmup and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row
@@ -175,6 +175,10 @@ class Trainer:
         self.kind = objective(cfg.head.type)(cfg, self.target, self.aux, self.paths)
         self.head, model = self.kind.head, self.kind.model
         params = [p for p in model.parameters() if p.requires_grad]
+        if cfg.cotrain.enabled:  # the target's weights at cotrain.target_lr_ratio x the head's LR
+            from draftsmith.train.cotrain import param_groups
+
+            params = param_groups(params, self.target.model, t.lr, cfg.cotrain.target_lr_ratio)
         optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_lambda(t.warmup_steps, t.max_steps, t.min_lr_ratio)
@@ -259,6 +263,7 @@ class Trainer:
     def train_step(self) -> dict:
         acc, cfg = self.acc, self.cfg
         totals = {"loss": 0.0, "correct": 0, "counted": 0, "tokens": 0}
+        self.begin_step()
         for micro in range(cfg.train.grad_accum):
             step, at, rows_at, rows = next(self.micro_batches())
             assert (step, at) == (self.step, micro), "the loader left the sample order"
@@ -292,6 +297,13 @@ class Trainer:
         self.step += 1
         return totals
 
+    def begin_step(self) -> None:
+        """What the objective sets before step `self.step` (Medusa-2's lambda0), a function of the step only
+        so a resumed run sets the same."""
+        begin = getattr(self.kind, "begin_step", None)
+        if begin is not None:
+            begin(self.step)
+
     # ---- evaluation -------------------------------------------------------------------------------------
     def val_batches(self):
         """This process's share of the first `eval.max_rows` validation rows, as model inputs."""
@@ -306,6 +318,7 @@ class Trainer:
         acc, cfg = self.acc, self.cfg
         steps = self.kind.depth
         sums = torch.zeros(2 + 2 * steps, device=acc.device)  # loss*rows, rows, correct[K], counted[K]
+        self.begin_step()
         self.model.eval()
         for inputs in self.val_batches():
             rows = inputs["input_ids"].shape[0]
@@ -332,14 +345,16 @@ class Trainer:
     @torch.no_grad()
     def target_drift(self) -> dict:
         """The co-trained target on the validation rows (each process scores its share): its next-token
-        loss and, with LoRA, its mean KL from the original and how often their argmaxes agree."""
+        loss and, with LoRA (or a frozen copy of the original, Medusa-2's `original`), its mean KL from the
+        original and how often their argmaxes agree."""
         from draftsmith.train.cotrain import drift_sums
 
-        sums = drift_sums(self.target, self.kind.peft_model, list(self.val_batches()))
+        original = getattr(self.kind, "original", self.kind.peft_model)
+        sums = drift_sums(self.target, original, list(self.val_batches()))
         sums = self.acc.reduce(sums.to(self.acc.device, torch.float32), reduction="sum")
         n = float(sums[1].clamp(min=1))
         row = {"target_val_loss": round(float(sums[0]) / n, 5)}
-        if self.kind.peft_model is not None:
+        if original is not None:
             row["target_kl_to_original"] = round(float(sums[2]) / n, 6)
             row["target_argmax_agreement"] = round(float(sums[3]) / n, 5)
         return row
@@ -406,17 +421,22 @@ class Trainer:
         elapsed = time.perf_counter() - window["start"]
         window.update(tokens=0, start=time.perf_counter())
         accuracy = (correct / counted.clamp(min=1)).tolist()
-        return {
+        lrs = self.scheduler.get_last_lr()  # the head's, then (cotrain.target_lr_ratio != 1) the target's
+        row = {
             "kind": "train",
             "step": self.step,
             "loss": totals["loss"],  # unrounded: resume tests compare it bitwise
             "accuracy_per_step": [round(a, 4) for a in accuracy],
             "simulated_tau": round(simulated_tau(accuracy), 4),
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": lrs[0],
             "grad_norm": round(totals["grad_norm"], 5),
             "tokens_per_s": round(float(tokens) / elapsed, 1),
             "epoch": round(self.order.epoch(self.step - 1), 4),
         }
+        if len(lrs) > 1:
+            row["target_lr"] = lrs[1]
+        fields = getattr(self.kind, "log_fields", None)  # e.g. Medusa-2's lambda0 of the step
+        return {**row, **(fields() if fields is not None else {})}
 
     def finish(self) -> None:
         acc = self.acc

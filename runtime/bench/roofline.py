@@ -109,9 +109,17 @@ def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    from draftsmith.runtime.core.families import find_family
+    from draftsmith.runtime.core.mla import cache_dims
+
+    size = torch.tensor([], dtype=dtype).element_size()
+    family = find_family(config)
+    if family is not None and family.mla:  # one latent and one rope key per layer (runtime/core/mla.py)
+        heads, key_dim, value_dim = cache_dims(config)
+        return config.num_hidden_layers * heads * (key_dim + value_dim) * size
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 2 * config.num_hidden_layers * heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * heads * head_dim * size
 
 
 def roofline(target, machine: dict, batch_size: int, context: int) -> dict:

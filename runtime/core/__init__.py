@@ -1,11 +1,14 @@
 """The serving core's base: the target, its caches, plain and speculative decoding, configs, errors.
 
 - `target` (the target adapter: forward over a KV cache with positions and tree masks, hidden states
-  after chosen layers, norm and LM head), `targets` (resolving --target specs, GGUF conversion cache),
+  after chosen layers, norm and LM head), `families` (the registry of target families: what the adapter
+  does per family), `layer_inputs` (each layer's mask and rotary embedding: sliding windows, eager masks,
+  per-layer-type rope), `targets` (resolving --target specs, GGUF conversion cache),
   `target_parts` (offline training's embedding, norm and LM head alone), `checkpoint_index` (where each
   tensor of a sharded checkpoint lives), `placement` (the frozen target whole on every rank or tensor
   parallel);
-- caches and attention: `kv_cache`, `masks`, `kernel_attention` (tree attention through draftsmith.kernels);
+- caches and attention: `kv_cache`, `masks`, `kernel_attention` (tree attention through draftsmith.kernels),
+  `mla` (what an MLA target's cache holds: a latent and a rope key of two widths);
 - engines: `engine` (plain decoding), `speculative` (propose -> verify in one forward -> accept -> commit);
 - shared: `config` (strict dataclass + YAML configs), `errors` (exit code 2 for bad input), `prompts`
   (prompt files), `artifacts` (hashes, atomic tensor files, draft-vocabulary files).

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.core.families import family_of
 
 
 def content_hash(value) -> str:
@@ -170,23 +171,19 @@ def check_tensors(expected: dict[str, torch.Tensor], tensors: dict[str, torch.Te
 
 
 def weights_hash(model) -> str:
-    """A cheap identity of a causal LM's weights: blake2b over its final norm and the first and last
-    decoder layers' query and down projections, rounded to bfloat16 (so a float32 and a bfloat16 load of
-    one checkpoint agree). Two fine-tunes of one base, or a co-trained target and its original, differ."""
-    decoder = model.model if hasattr(model, "model") else model
-    layers = decoder.layers
-    return _hash_parts(
-        [
-            decoder.norm.weight,
-            layers[0].self_attn.q_proj.weight,
-            layers[-1].self_attn.q_proj.weight,
-            layers[-1].mlp.down_proj.weight,
-        ]
-    )
+    """A cheap identity of a causal LM's weights: blake2b over its final norm, the first and last decoder
+    layers' query projections and the last layer's MLP down projection (its router where that layer is
+    MoE: families.py `hash_tensors`), rounded to bfloat16 (so a float32 and a bfloat16 load of one
+    checkpoint agree). Two fine-tunes of one base, or a co-trained target and its original, differ."""
+    pairs = family_of(model.config).hash_tensors(model.config)
+    return _hash_parts([model.get_parameter(module) for module, _ in pairs])
 
 
-def weights_hash_names(num_layers: int) -> list[str]:
-    """The checkpoint tensors (HF names) `weights_hash` reads, in its order."""
+def weights_hash_names(num_layers: int, config=None) -> list[str]:
+    """The checkpoint tensors (HF names) `weights_hash` reads, in its order: those of the family of
+    `config` (the target's transformers config), or without one a dense Llama-family target's."""
+    if config is not None:
+        return [checkpoint for _, checkpoint in family_of(config).hash_tensors(config)]
     last = num_layers - 1
     return [
         "model.norm.weight",
@@ -196,9 +193,9 @@ def weights_hash_names(num_layers: int) -> list[str]:
     ]
 
 
-def weights_hash_of_tensors(tensors: dict[str, torch.Tensor], num_layers: int) -> str:
+def weights_hash_of_tensors(tensors: dict[str, torch.Tensor], num_layers: int, config=None) -> str:
     """`weights_hash` from a checkpoint's tensors (HF names), without building the model."""
-    return _hash_parts([tensors[n] for n in weights_hash_names(num_layers)])
+    return _hash_parts([tensors[n] for n in weights_hash_names(num_layers, config)])
 
 
 def _hash_parts(parts: list[torch.Tensor]) -> str:

@@ -3,7 +3,9 @@
 It duck-types transformers' `Cache.update(key, value, layer_idx, ...)`, so the target's own decoder
 layers write into it, while we own the layout:
 
-    keys[l], values[l]   # [B, Hkv, C, D] per layer, C = capacity (grows by doubling when needed)
+    keys[l], values[l]   # [B, Hkv, C, D] and [B, Hkv, C, Dv] per layer, C = capacity (grows by doubling
+                         # when needed); Dv = D except for MLA targets, which cache two latents of different
+                         # widths (runtime/core/mla.py)
     valid                # [B, C] bool: slot holds a real token (False for left padding and holes)
     length               # slots in use, the same for every row
 
@@ -30,10 +32,12 @@ class KVCache:
         capacity: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        value_dim: int | None = None,  # the values' width when it differs from the keys' (MLA)
     ):
         shape = (batch, num_kv_heads, max(capacity, 1), head_dim)
+        value_shape = (*shape[:3], value_dim or head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(value_shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.valid = torch.zeros(batch, shape[2], dtype=torch.bool, device=device)  # [B, C]
         self.length = 0
         self._pending = 0  # tokens being written by the forward in flight
@@ -55,7 +59,8 @@ class KVCache:
         self._pending = new_tokens
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Called by each attention layer with key/value [B, Hkv, T, D]; returns the layer's full K/V."""
+        """Called by each attention layer with key [B, Hkv, T, D], value [B, Hkv, T, Dv]; returns the
+        layer's full K/V."""
         end = self.length + key_states.shape[2]
         self.keys[layer_idx][:, :, self.length : end] = key_states
         self.values[layer_idx][:, :, self.length : end] = value_states

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.core.families import FAMILIES, family_of
 
 PLACEMENTS = ("replicate", "tp")
 PLACEMENT_KEY, TP_KEY = "target_placement", "tp_size"
@@ -85,6 +86,17 @@ def check_placement(
         return Layout(1, world, rank)
     if placement not in PLACEMENTS:
         raise BadInputError(PLACEMENT_KEY, placement, f"one of {list(PLACEMENTS)}")
+    family = family_of(config)
+    if not family.tensor_parallel:  # runtime/core/families.py: this loader is not tested on its layers
+        tested = [f.name for f in FAMILIES if f.tensor_parallel]
+        raise BadInputError(
+            PLACEMENT_KEY,
+            f"tp for model_type {config.model_type!r}",
+            "replicate for this target",
+            f"tensor parallelism is tested for the families {tested} only (MoE experts and Gemma's "
+            "eager attention are not split by this loader); or train offline: data.mode=offline reads "
+            "only the embedding, norm and LM head",
+        )
     plan = tp_plan(config)
     wrong = {k: plan.get(k) for k, style in REQUIRED_RULES.items() if plan.get(k) != style}
     unknown = sorted({s for s in plan.values() if s not in KNOWN_STYLES})

@@ -11,7 +11,9 @@ explicit position ids per token and an optional tree mask, so verification of a 
 call. `capture_layers` returns the hidden state after those decoder layers (0-based: layer i's output,
 which is `hidden_states[i + 1]` in transformers' `output_hidden_states` tuple, except that transformers
 applies the final norm to its last entry and we never do). `num_layers=N` runs only
-the first N layers (self-speculation).
+the first N layers (self-speculation). What a family's own forward adds around its layers (Gemma's
+embedding scale and logit soft-cap, per-layer sliding windows and rope, a vision-language model's nested
+text decoder) comes from its entry in runtime/core/families.py, applied here and in layer_inputs.py.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import torch
 
 from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_names, weights_hash_of_tensors
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.families import family_of, find_family
 from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes, needs_mask
 from draftsmith.runtime.core.masks import attention_mask, is_plain_causal
-from draftsmith.runtime.core.targets import SUPPORTED_MODEL_TYPES, resolve_target
+from draftsmith.runtime.core.mla import cache_dims
+from draftsmith.runtime.core.targets import resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +66,24 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def context_limit(config) -> int:
-    """Longest sequence we serve: the trained context, capped by a sliding window we do not mask."""
+    """Longest sequence we serve: the trained context, capped by a sliding window that every layer has
+    and we do not mask (Mistral, Qwen2); per-layer windows (Gemma) are masked (layer_inputs.py)."""
+    family = find_family(config)
+    if family is not None:
+        config = family.text(config)  # a vision-language config nests the text model's
     limit = config.max_position_embeddings
     window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True):
+    per_layer = family is not None and family.windows == "per_layer"
+    if window and getattr(config, "use_sliding_window", True) and not per_layer:
         limit = min(limit, window)
     return limit
 
 
 class TargetPieces:
     """The shape facts and the pieces heads reuse (embedding, final norm, LM head), shared by the whole
-    `Target` and offline training's `TargetParts` (runtime/core/target_parts.py). Needs `config`, `model`
-    (with `lm_head`) and `decoder` (with `embed_tokens` and `norm`)."""
+    `Target` and offline training's `TargetParts` (runtime/core/target_parts.py). Needs `config` (the text
+    model's), `model` (with `lm_head`), `decoder` (with `embed_tokens` and `norm`), `family`
+    (runtime/core/families.py) and `softcap` (its final logit soft-cap, or None)."""
 
     @property
     def device(self) -> torch.device:
@@ -106,7 +117,13 @@ class TargetPieces:
         return self.decoder.norm(hidden)
 
     def lm_head(self, normed: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(normed)  # [..., H] -> [..., V]
+        """[..., H] -> [..., V]: the LM head, then the final soft-cap where the model's forward applies one
+        (Gemma 2: c * tanh(logits / c), in that order), so verification, teachers and MTP heads all read
+        the model's own logits."""
+        logits = self.model.lm_head(normed)
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Pre-norm hidden [..., H] -> logits [..., V] in float32."""
@@ -115,15 +132,16 @@ class TargetPieces:
 
 class Target(TargetPieces):
     def __init__(self, model, tokenizer, name: str):
-        model_type = getattr(model.config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise BadInputError("target model_type", model_type, f"one of {list(SUPPORTED_MODEL_TYPES)}")
+        self.family = family_of(model.config)  # exit 2 naming the supported families
+        self.family.check(model.config)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
         self.path: str | None = None  # the local folder it was loaded from (Target.load sets it)
-        self.config = model.config
-        self.decoder = model.model  # embed_tokens, layers, norm, rotary_emb
+        self.config = self.family.text(model.config)  # a vision-language target's text config
+        self.decoder = model.get_submodule(self.family.decoder)  # embed_tokens, layers, norm, rotary_emb
+        self.layer_types = self.family.layer_types(self.config)  # full or sliding attention, per layer
+        self.softcap = self.family.softcap(self.config)
         # transformers renamed the layers' cache argument (past_key_values -> cache) during 5.x.
         params = inspect.signature(type(self.decoder.layers[0]).forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -146,14 +164,15 @@ class Target(TargetPieces):
         tp = layout.tp if layout is not None else 1
         hf_logging.disable_progress_bar()  # loading a local safetensors folder takes seconds
         try:
+            config = AutoConfig.from_pretrained(resolved.path)
+            family = family_of(config, "--target")
             if tp > 1:
                 from draftsmith.runtime.core.placement import load_tensor_parallel
 
-                config = AutoConfig.from_pretrained(resolved.path)
                 model = load_tensor_parallel(resolved.path, config, layout, torch_dtype, dev)
             else:
                 model = AutoModelForCausalLM.from_pretrained(
-                    resolved.path, dtype=torch_dtype, attn_implementation="sdpa"
+                    resolved.path, dtype=torch_dtype, attn_implementation=family.attention
                 ).to(dev)
             tokenizer = AutoTokenizer.from_pretrained(resolved.path)
         finally:
@@ -199,7 +218,7 @@ class Target(TargetPieces):
     def layer_state(self, index: int) -> dict[str, torch.Tensor]:
         """Decoder layer `index`'s tensors under the layer's own names (MTP blocks start as a copy)."""
         if self.tp_size > 1:  # this rank holds shards of them: read the whole ones from the checkpoint
-            prefix = f"model.layers.{index % self.num_layers}."
+            prefix = f"{self.family.checkpoint_prefix}layers.{index % self.num_layers}."
             state = self.decoder.layers[index].state_dict()
             tensors = self._read([prefix + name for name in state])
             return {n.removeprefix(prefix): t for n, t in tensors.items()}
@@ -208,7 +227,8 @@ class Target(TargetPieces):
     def weights_hash(self) -> str:
         """artifacts.weights_hash of these weights (what an MTP head records; TargetParts gives the same)."""
         if self.tp_size > 1:
-            return weights_hash_of_tensors(self._read(weights_hash_names(self.num_layers)), self.num_layers)
+            names = weights_hash_names(self.num_layers, self.model.config)
+            return weights_hash_of_tensors(self._read(names), self.num_layers, self.model.config)
         return weights_hash(self.model)
 
     def _read(self, names: list[str]) -> dict[str, torch.Tensor]:
@@ -222,17 +242,10 @@ class Target(TargetPieces):
         self, batch: int, capacity: int, num_layers: int | None = None, cache_class: type = KVCache
     ) -> KVCache:
         """A cache shaped for this target (`cache_class`: KVCache, or StaticKVCache for the graphed path)."""
-        cfg = self.config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        cache = cache_class(
-            num_layers or self.num_layers,
-            batch,
-            cfg.num_key_value_heads // self.tp_size,  # tensor parallel: this rank's heads only
-            head_dim,
-            capacity,
-            self.dtype,
-            self.device,
-        )
+        # tensor parallel: this rank's heads only; MLA: one latent and one rope key (runtime/core/mla.py)
+        heads, key_dim, value_dim = cache_dims(self.config, self.tp_size, self.decoder.layers[0].self_attn)
+        layers = num_layers or self.num_layers
+        cache = cache_class(layers, batch, heads, key_dim, capacity, self.dtype, self.device, value_dim)
         if self.driver is not None:  # the TP group's other ranks make the same cache (placement.follow)
             self.driver.send("new_cache", id(cache), 0, (batch, capacity, num_layers, cache_class), {})
             self.driver.relay_cache_ops(cache)  # its crop/compact/... reach the other ranks' copies too
@@ -265,7 +278,10 @@ class Target(TargetPieces):
             position_ids = past + torch.arange(new, device=input_ids.device)
         cache.reserve(new, token_valid)
         valid = cache.valid[:, : cache.length + new]  # [B, S]
-        mask = None if is_plain_causal(valid, new, tree_mask) else attention_mask(valid, new, tree_mask)
+        plain = is_plain_causal(valid, new, tree_mask) and not needs_mask(
+            self.family, self.config, valid.shape[1]
+        )
+        mask = None if plain else attention_mask(valid, new, tree_mask)
         hidden, aux = self.run_layers(input_ids, position_ids, mask, cache, num_layers, capture_layers)
         cache.commit()
         return TargetOutput(hidden=hidden, aux=aux)
@@ -279,16 +295,20 @@ class Target(TargetPieces):
         num_layers: int,
         capture_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Embedding, rotary and the first `num_layers` decoder layers -> (hidden [B, T, H], aux)."""
+        """Embedding, rotary and the first `num_layers` decoder layers -> (hidden [B, T, H], aux). Each
+        layer gets the mask and rotary embedding of its type (layer_inputs.py: sliding windows, Gemma 3's
+        local rope, eager attention's additive masks); an MoE layer's router logits are not kept."""
         hidden = self.embed(input_ids)
-        rope = self.decoder.rotary_emb(hidden, position_ids=position_ids)
+        ropes = layer_ropes(self.family, self.config, self.decoder.rotary_emb, hidden, position_ids)
+        masks = layer_masks(self.family, self.config, mask, hidden.dtype)  # {layer type: mask}
         aux = {}
         for i, layer in enumerate(self.decoder.layers[:num_layers]):
+            kind = self.layer_types[i]
             hidden = layer(
                 hidden,
-                attention_mask=mask,
+                attention_mask=masks[kind],
                 position_ids=position_ids,
-                position_embeddings=rope,
+                position_embeddings=ropes[kind],
                 **{self._cache_kwarg: cache},
             )
             if isinstance(hidden, tuple):  # older transformers return (hidden, ...)

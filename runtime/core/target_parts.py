@@ -9,8 +9,9 @@ Offline batches (`data capture` shards) need only the embedding, the final norm 
 embedding itself when `tie_word_embeddings`), the config and the tokenizer: for Llama-3.3-70B in bf16
 about 4.2 GB of 141 GB. They are read through the safetensors index (`model.safetensors.index.json`'s
 weight_map, or one `model.safetensors`), opening only the files that hold them, into the module classes
-transformers builds for them (nn.Embedding, the family's RMSNorm, nn.Linear) under the checkpoint's
-names (`model.embed_tokens.weight`, `model.norm.weight`, `lm_head.weight`), cast as `Target.load`
+transformers builds for them (nn.Embedding or the family's scaled embedding, its RMSNorm, nn.Linear;
+runtime/core/families.py) under the checkpoint's names (`model.embed_tokens.weight`, `model.norm.weight`,
+`lm_head.weight`; a vision-language checkpoint's `language_model.model.*`), cast as `Target.load`
 casts, so every number equals the whole target's. `weights_hash` and `layer_state` read their tensors
 when called and keep none. What needs the decoder layers (`forward`, `new_cache`: a capture) raises
 `PartsOnlyError` (the trainer then loads the whole target for the capture alone).
@@ -18,7 +19,6 @@ when called and keep none. What needs the decoder layers (`forward`, `new_cache`
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 import torch
@@ -27,13 +27,13 @@ from torch import nn
 from draftsmith.runtime.core.artifacts import weights_hash_names, weights_hash_of_tensors
 from draftsmith.runtime.core.checkpoint_index import INDEX_FILE, SINGLE_FILE, Checkpoint  # noqa: F401 (re-exported)
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.core.target import TargetPieces, pick_device, pick_dtype
-from draftsmith.runtime.core.targets import SUPPORTED_MODEL_TYPES, resolve_target
-from draftsmith.runtime.heads.mtp import FAMILIES  # transformers' class-name prefix of each family
+from draftsmith.runtime.core.targets import resolve_target
 
 log = logging.getLogger(__name__)
 
-EMBED, NORM, LM_HEAD = "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"
+EMBED, NORM, LM_HEAD = "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"  # a Llama's names
 
 
 class PartsOnlyError(DraftsmithError):
@@ -41,8 +41,11 @@ class PartsOnlyError(DraftsmithError):
 
 
 def part_names(config) -> list[str]:
-    """The checkpoint tensors offline training reads: embedding, final norm, LM head unless tied."""
-    return [EMBED, NORM] if getattr(config, "tie_word_embeddings", False) else [EMBED, NORM, LM_HEAD]
+    """The checkpoint tensors offline training reads: embedding, final norm, LM head unless tied, under
+    the family's checkpoint names (a vision-language checkpoint nests them: families.py)."""
+    prefix = family_of(config).checkpoint_prefix
+    names = [f"{prefix}embed_tokens.weight", f"{prefix}norm.weight"]
+    return names if getattr(config, "tie_word_embeddings", False) else [*names, LM_HEAD]
 
 
 def frozen(t: torch.Tensor) -> nn.Parameter:
@@ -51,18 +54,26 @@ def frozen(t: torch.Tensor) -> nn.Parameter:
 
 def parts_module(config, tensors: dict[str, torch.Tensor]) -> nn.Module:
     """An nn.Module holding only the parts, at transformers' paths (`model.embed_tokens`, `model.norm`,
-    `lm_head`), built from the classes transformers builds them from."""
-    model_type = config.model_type
-    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    `lm_head`), built from the classes transformers builds them from: the family's RMSNorm, and its
+    scaled embedding where it has one (Gemma multiplies by sqrt(hidden) inside the embedding's forward)."""
+    family = family_of(config)
+    text = family.text(config)
+    embed_name, norm_name = part_names(config)[:2]
+    weight = tensors[embed_name]  # [V, H]
     root, decoder = nn.Module(), nn.Module()
     root.model = decoder  # first, as in transformers: a tied weight is named model.embed_tokens.weight
-    decoder.embed_tokens = nn.Embedding.from_pretrained(tensors[EMBED], freeze=True)
-    decoder.norm = getattr(modeling, f"{FAMILIES[model_type]}RMSNorm")(
-        config.hidden_size, config.rms_norm_eps
-    )
-    decoder.norm.weight = frozen(tensors[NORM])
+    scaled = family.embedding_class()
+    if scaled is None:
+        decoder.embed_tokens = nn.Embedding.from_pretrained(weight, freeze=True)
+    else:  # the family's own class and scale (Gemma2Model.__init__: embed_scale = hidden_size**0.5)
+        with torch.device("meta"):
+            decoder.embed_tokens = scaled(*weight.shape, text.pad_token_id, embed_scale=text.hidden_size**0.5)
+        decoder.embed_tokens.embed_scale = torch.tensor(text.hidden_size**0.5, device=weight.device)
+        decoder.embed_tokens.weight = frozen(weight)
+    decoder.norm = family.rmsnorm_class()(text.hidden_size, eps=text.rms_norm_eps)
+    decoder.norm.weight = frozen(tensors[norm_name])
     with torch.device("meta"):  # no random init of a [V, H] matrix only to replace it
-        root.lm_head = nn.Linear(config.hidden_size, tensors[EMBED].shape[0], bias=False)
+        root.lm_head = nn.Linear(text.hidden_size, weight.shape[0], bias=False)
     root.lm_head.weight = decoder.embed_tokens.weight if LM_HEAD not in tensors else frozen(tensors[LM_HEAD])
     return root.eval()
 
@@ -83,11 +94,11 @@ class TargetParts(TargetPieces):
         tensors: dict[str, torch.Tensor],  # HF name -> the part, in the target's dtype and device
         read_bytes: int = 0,  # what reading them took from disk (for the log)
     ):
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise BadInputError(
-                "target model_type", config.model_type, f"one of {list(SUPPORTED_MODEL_TYPES)}"
-            )
-        self.config, self.tokenizer, self.name = config, tokenizer, name
+        self.family = family_of(config)  # exit 2 naming the supported families
+        self.family.check(config)
+        self.model_config = config  # the checkpoint's (a vision-language one nests the text config)
+        self.config, self.tokenizer, self.name = self.family.text(config), tokenizer, name
+        self.softcap = self.family.softcap(config)
         self.checkpoint = checkpoint
         self.path = str(checkpoint.folder)
         self.model = parts_module(config, tensors)
@@ -113,8 +124,8 @@ class TargetParts(TargetPieces):
 
     def description(self) -> str:
         """Which parts were read and how much of the checkpoint that is (for the log)."""
-        names = [n.split(".")[-2] for n in part_names(self.config)]
-        tied = "" if LM_HEAD in part_names(self.config) else "; lm_head tied to embed_tokens"
+        names = [n.split(".")[-2] for n in part_names(self.model_config)]
+        tied = "" if LM_HEAD in part_names(self.model_config) else "; lm_head tied to embed_tokens"
         c = self.checkpoint
         return (
             f"loaded {len(names)} of {len(c.weight_map)} target tensors ({', '.join(names)}{tied}) from "
@@ -137,14 +148,14 @@ class TargetParts(TargetPieces):
         """artifacts.weights_hash of the whole target, from the tensors it hashes (read once, in the
         target's dtype, so it equals the loaded target's in every dtype)."""
         if self._weights_hash is None:
-            tensors = self._read(weights_hash_names(self.num_layers))
-            self._weights_hash = weights_hash_of_tensors(tensors, self.num_layers)
+            tensors = self._read(weights_hash_names(self.num_layers, self.model_config))
+            self._weights_hash = weights_hash_of_tensors(tensors, self.num_layers, self.model_config)
         return self._weights_hash
 
     def layer_state(self, index: int) -> dict[str, torch.Tensor]:
         """Decoder layer `index`'s tensors under the layer's own names (`self_attn.q_proj.weight`, ...):
         what `Target.layer_state` returns (MTP blocks start as a copy of the last layer)."""
-        prefix = f"model.layers.{index % self.num_layers}."
+        prefix = f"{self.family.checkpoint_prefix}layers.{index % self.num_layers}."
         # old checkpoints also store each layer's rotary inv_freq, which transformers drops on load
         names = [n for n in self.checkpoint.weight_map if n.startswith(prefix) and "rotary_emb" not in n]
         if not names:

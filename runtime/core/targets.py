@@ -27,11 +27,10 @@ from pathlib import Path
 from draftsmith.runtime.core.artifacts import open_tensors, pid_alive
 from draftsmith.runtime.core.config import atomic_write_text
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.core.families import SUPPORTED_MODEL_TYPES, family_of, find_family  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
-# Llama-family architectures whose decoder layers, rotary embedding and cache interface we drive.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 COMPLETE_RECORD = "draftsmith-conversion.json"
 GGUF_MAGIC = b"GGUF"
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
@@ -113,13 +112,15 @@ def check_causal_lm_folder(folder: Path, name: str | None = None) -> None:
         raise BadInputError("--target", name, "a causal LM folder with a config.json")
     config = read_json(config_file, "--target")
     model_type = config.get("model_type")
+    family = find_family(model_type)
     archs = config.get("architectures") or []
-    if archs and not any("CausalLM" in a or "LMHeadModel" in a for a in archs):
+    # a vision-language checkpoint (families.py `text_config`) serves its text model
+    kinds = ("CausalLM", "LMHeadModel") + (
+        ("ForConditionalGeneration",) if family and family.text_config else ()
+    )
+    if archs and not any(k in a for a in archs for k in kinds):
         raise BadInputError("--target", f"{name} (architectures={archs})", "a causal LM (*ForCausalLM)")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise BadInputError(
-            "--target", f"{name} (model_type={model_type!r})", f"one of {list(SUPPORTED_MODEL_TYPES)}"
-        )
+    family_of(model_type, "--target", f"{name} (model_type={model_type!r})")  # names the supported ones
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         found = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))

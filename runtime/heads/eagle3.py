@@ -39,6 +39,7 @@ from draftsmith.runtime.core.artifacts import (
     validate_draft_vocab,
 )
 from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.core.families import find_family
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.heads.aux_layers import default_aux_layers
@@ -77,6 +78,8 @@ class Eagle3Config:
     num_layers: int = 1  # draft decoder layers (`num_hidden_layers` in the engines' configs)
     # EAGLE-3.1: feed the final-normed output back as the next step's feature (speculators, vLLM)
     norm_output: bool = False
+    # the target's text model_type (runtime/core/families.py); None in folders written before it existed
+    target_model_type: str | None = None
 
     @classmethod
     def for_target(
@@ -87,6 +90,9 @@ class Eagle3Config:
         aux = list(aux_layer_ids) if aux_layer_ids is not None else list(default_aux_layers(layers))
         layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
         layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
+        family = find_family(target.config)
+        if family is not None and layer.get("rope_parameters"):  # Gemma 3 has one per layer type
+            layer["rope_parameters"] = family.rope_parameters(target.config)
         config = cls(
             target=target.name,
             vocab_size=target.vocab_size,
@@ -95,6 +101,7 @@ class Eagle3Config:
             aux_layer_ids=aux,
             tokenizer_hash=tokenizer_hash(target.tokenizer),
             layer=layer,
+            target_model_type=cfg.get("model_type"),
             **options,
         )
         config.validate(num_target_layers=layers)
@@ -351,6 +358,8 @@ def check_head_matches_target(config: Eagle3Config, target) -> None:
         ("target_hidden_size", config.target_hidden_size, target.hidden_size),
         ("tokenizer_hash", config.tokenizer_hash, tokenizer_hash(target.tokenizer)),
     ]
+    if config.target_model_type is not None:  # a head reads one family's hidden states, not another's
+        checks.append(("target_model_type", config.target_model_type, target.config.model_type))
     for name, got, expected in checks:
         if got != expected:
             raise BadInputError(f"eagle3 head {name}", got, f"{expected} (the target {target.name})")

@@ -91,6 +91,7 @@ def _provenance(cfg: Eagle3Config) -> dict:
     """What only draftsmith reads back: identity checks and the aux ids with their meaning stated."""
     return {
         "target": cfg.target,
+        "target_model_type": cfg.target_model_type,
         "tokenizer_hash": cfg.tokenizer_hash,
         "aux_layer_ids": list(cfg.aux_layer_ids),
         "aux_layer_convention": AUX_LAYER_CONVENTION,
@@ -183,7 +184,7 @@ def to_speculators(
             ],
             "verifier": {
                 "name_or_path": verifier,
-                "architectures": architectures or _architectures(verifier),
+                "architectures": architectures or _architectures(verifier, cfg.target_model_type),
             },
         },
         "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
@@ -199,13 +200,19 @@ def to_speculators(
     return config, tensors
 
 
-def _architectures(verifier: str) -> list[str]:
+def _architectures(verifier: str, model_type: str | None = None) -> list[str]:
     """The verifier's own architectures when it is a local folder (what speculators' VerifierConfig
-    reads), else Llama's (every target draftsmith drives is Llama-family)."""
+    reads), else the causal-LM class transformers maps the head's target model_type to (Llama's for
+    folders written before heads recorded one). A vision-language target records its text model_type
+    (gemma3_text: Gemma3ForCausalLM, not Gemma3ForConditionalGeneration): pass --verifier as a folder."""
     config = Path(verifier).expanduser() / "config.json"
     if config.is_file():
-        return list(read_json(config, "--verifier").get("architectures") or ["LlamaForCausalLM"])
-    return ["LlamaForCausalLM"]
+        architectures = read_json(config, "--verifier").get("architectures")
+        if architectures:
+            return list(architectures)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type or "llama", "LlamaForCausalLM")]
 
 
 def _tensors(head: Eagle3Head) -> dict[str, torch.Tensor]:
@@ -265,6 +272,7 @@ def _config_from_engine(config: dict, layout: str, target, ids: str) -> Eagle3Co
         target_hidden_size=config.get("target_hidden_size") or hidden,
         aux_layer_ids=_aux_ids(config, layout, ours, target, ids),
         tokenizer_hash=ours.get("tokenizer_hash") or _borrowed_tokenizer_hash(target),
+        target_model_type=ours.get("target_model_type"),
         layer=layer,
         fc_norm=bool(config.get("fc_norm")),
         norm_before_fc=bool(config.get("norm_before_fc")),

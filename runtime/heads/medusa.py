@@ -16,16 +16,20 @@ W_j starts at zero (b_j too), so every head starts as the target's next-token pr
 init; FasterDecoding zeroes only W). The LM head is either the head's own (`lm_heads.{k}`, copied from
 the target's) or the target's own, shared (`original_lm_head`, vLLM's name: 0.33M parameters per head
 on SmolLM2-135M instead of 28.6M; the target's weight is read, never stored). An optional reduced
-vocabulary maps draft ids to target ids through EAGLE-3's `d2t` offsets (target id = d + d2t[d]).
+vocabulary maps draft ids to target ids through EAGLE-3's `d2t` offsets (target id = d + d2t[d]); a
+shared head's draft rows are sliced once and kept while the weight and the token map are unchanged
+(`draft_rows`; tests/runtime/test_medusa_rows.py, scripts/medusa_rows_timing.py).
 
 Tensor names are vLLM's (vllm/model_executor/models/medusa.py): `blocks.{k}.layers.{j}.weight` (+ `.bias`
 with `fc_bias`), `lm_heads.{k}.weight`; plus `d2t`, `t2d`. Loading is strict and checks the target's
-vocabulary, hidden size, layer count, tokenizer and weights hash (runtime/heads/mtp.py's checks).
+vocabulary, hidden size, layer count, tokenizer and weights hash (runtime/heads/mtp.py's checks): Medusa-2
+heads (`cotrained`) name their co-trained target's folder and hash, so the original target is refused.
 Run its tests: `python -m pytest tests/runtime/test_medusa.py -q`.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -67,6 +71,9 @@ class MedusaConfig:
     # accuracies[k][i]: P(head k's rank-i token is the target's), measured on a calibration split; the
     # sparse tree (runtime/medusa_drafter.sparse_tree) is built from it
     accuracies: list[list[float]] | None = None
+    # Medusa-2: the target trained with the heads; `target` names that co-trained folder (the run's
+    # final/target) and `target_weights_hash` its weights, so the original target is refused
+    cotrained: bool = False
 
     @classmethod
     def for_target(cls, target, num_heads: int = 3, **options) -> MedusaConfig:
@@ -123,6 +130,27 @@ class ResidualBlock(nn.Module):
         return x
 
 
+class SlicedRows:
+    """The shared LM head's draft-vocabulary rows (`MedusaHeads.draft_rows`) and what they were sliced
+    from. Not state: a copy or a pickle of the heads starts empty (`__reduce__`)."""
+
+    def __init__(self):
+        self.key, self.weight, self.rows = None, None, None  # rows [Vd, H]; weight: a weakref
+
+    def __reduce__(self):
+        return (SlicedRows, ())
+
+
+def _version_key(weight: torch.Tensor, d2t: torch.Tensor) -> tuple | None:
+    """What the rows depend on: the weight's and the token map's storage and version counters (bumped by
+    every in-place write: an optimizer step, copy_, load_state_dict), and inference mode (its tensors
+    cannot be saved for backward); None for inference tensors, which keep no version counter."""
+    if weight.is_inference() or d2t.is_inference():
+        return None
+    inference = torch.is_inference_mode_enabled()
+    return (weight.data_ptr(), weight._version, weight.dtype, d2t.data_ptr(), d2t._version, inference)
+
+
 class MedusaHeads(nn.Module):
     def __init__(self, cfg: MedusaConfig):
         super().__init__()
@@ -134,6 +162,7 @@ class MedusaHeads(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.out_vocab, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.set_draft_vocab(torch.arange(cfg.out_vocab))
+        self._draft_rows = SlicedRows()
 
     # ---- vocabulary and initialization --------------------------------------------------------------
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
@@ -177,9 +206,25 @@ class MedusaHeads(nn.Module):
         elif not self.reduced:
             out = target.lm_head(x.to(target.dtype))
         else:  # vLLM slices the shared head by its token map: the same rows here
-            weight = target.model.lm_head.weight
-            out = F.linear(x.to(weight.dtype), weight.index_select(0, self.draft_ids().to(weight.device)))
+            rows = self.draft_rows(target.model.lm_head.weight)  # [Vd, H]
+            out = F.linear(x.to(rows.dtype), rows)
         return out.to(torch.promote_types(out.dtype, torch.float32))
+
+    def draft_rows(self, weight: torch.Tensor) -> torch.Tensor:
+        """The shared LM head `weight` [V, H]'s draft-vocabulary rows [Vd, H], sliced once and reused
+        while neither the weight nor the token map changes (slicing on every call copied Vd x H per head
+        per draft cycle). A weight that trains through them (it requires grad under autograd: a
+        co-trained target) is sliced in the graph on every call, so its gradient is the uncached one."""
+        ids = self.d2t
+        key = None if weight.requires_grad and torch.is_grad_enabled() else _version_key(weight, ids)
+        if key is None:
+            return weight.index_select(0, self.draft_ids().to(weight.device))
+        cache = self._draft_rows
+        if cache.rows is None or cache.key != key or cache.weight() is not weight:
+            cache.rows = None  # the old rows go before the new ones are made
+            cache.rows = weight.index_select(0, self.draft_ids().to(weight.device))
+            cache.key, cache.weight = key, weakref.ref(weight)
+        return cache.rows
 
     def logits(self, target, blocks: torch.Tensor) -> torch.Tensor:
         """blocks [k, ..., H] (forward's output) -> logits [k, ..., V] over the target's vocabulary, -inf
@@ -204,7 +249,14 @@ class MedusaHeads(nn.Module):
             raise BadInputError("medusa head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
         config = config_from_dict(read_json(folder / CONFIG_FILE, "medusa head"), str(folder / CONFIG_FILE))
         tensors = load_tensors(folder / WEIGHTS_FILE, "medusa head")
-        return build_heads(config, tensors, target, f"the target it was trained with ({config.target})")
+        return build_heads(config, tensors, target, target_hint(config))
+
+
+def target_hint(config: MedusaConfig) -> str:
+    """What a mismatch error suggests: the co-trained target's folder for Medusa-2 heads."""
+    if config.cotrained:
+        return f"pass --target {config.target}: Medusa-2 heads, co-trained with that target"
+    return f"the target it was trained with ({config.target})"
 
 
 def config_from_dict(raw: dict, where: str) -> MedusaConfig:

@@ -38,7 +38,8 @@ from draftsmith.runtime.heads.medusa import MAX_HEADS
 
 @dataclass
 class MedusaSection(HeadSection):
-    """`head:` of a Medusa train config (configs/medusa-smollm2-135m.yaml): Medusa-1, the target frozen."""
+    """`head:` of a Medusa train config: Medusa-1, the target frozen (configs/medusa-smollm2-135m.yaml), or
+    Medusa-2 with `cotrain:` (configs/medusa2-lora-smollm2-135m.yaml, train/medusa2.py)."""
 
     type: Literal["medusa"] = "medusa"
     num_heads: int = 3  # K: head k predicts token t+k+2
@@ -175,5 +176,5 @@ KIND = HeadKind(
     layouts={"medusa": Layout(write=write_vllm_layout, read=read_any, serve=serve_vllm, reads="target")},
     default_depth=default_depth,
     parse_tree=parse_tree,
-    cotrain=False,  # Medusa-2 (training the target with the heads) is not built
+    cotrain=True,  # Medusa-2: the target trains with the heads (train/medusa2.py)
 )

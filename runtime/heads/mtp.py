@@ -23,12 +23,12 @@ Tensor names follow DeepSeek-V3's `model.layers.{L+m}.*` with the prefix `layers
 `mlp.{gate,up,down}_proj`, `shared_head.norm` (DeepSeek's `embed_tokens` and `shared_head.head` are the
 target's and are not stored). The block is the target family's decoder-layer class (`model_type`), so it
 carries that family's own tensors under the target's names: Qwen3's `self_attn.{q,k}_norm`, Qwen2's
-`self_attn.{q,k,v}_proj.bias`.
+`self_attn.{q,k,v}_proj.bias`, DeepSeek's MLA projections, an MoE last layer's `mlp.gate` and
+`mlp.experts` (or, with `dense_block`, the family's dense MLP: runtime/heads/mtp_block.py).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from pathlib import Path
 
@@ -39,8 +39,11 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.runtime.core.artifacts import check_tensors, save_head_files, tokenizer_hash, weights_hash
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.masks import attention_mask
+from draftsmith.runtime.core.mla import cache_dims
+from draftsmith.runtime.heads.mtp_block import build_block, check_block
 from draftsmith.runtime.heads.mtp_config import (  # noqa: F401 (re-exported: the config is named with the head)
     BLOCK_KEYS,
     FAMILIES,
@@ -55,9 +58,8 @@ OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")  # a module's tensors out
 
 def family_classes(model_type: str) -> tuple[type[nn.Module], type[nn.Module]]:
     """(decoder layer, rotary embedding) classes of a supported family, from transformers."""
-    prefix = FAMILIES[model_type]
-    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    return getattr(modeling, f"{prefix}DecoderLayer"), getattr(modeling, f"{prefix}RotaryEmbedding")
+    family = family_of(model_type, "model_type")  # runtime/core/families.py
+    return family.layer_class(), family.rotary_class()
 
 
 class SharedHead(nn.Module):
@@ -68,10 +70,11 @@ class SharedHead(nn.Module):
         self.norm = LlamaRMSNorm(hidden, eps)
 
 
-def mtp_layer(block: PretrainedConfig) -> nn.Module:
+def mtp_layer(block: PretrainedConfig, dense: bool = False) -> nn.Module:
     """One MTP module: an instance of the target family's decoder-layer class (its forward is the
-    block's) with DeepSeek's input projection and norms attached as submodules."""
-    layer = family_classes(block.model_type)[0](block, layer_idx=0)  # each module owns a one-layer cache
+    block's; MoE or dense as runtime/heads/mtp_block.py says) with DeepSeek's input projection and norms
+    attached as submodules."""
+    layer = build_block(family_of(block.model_type, "model_type"), block, dense)
     hidden, eps = block.hidden_size, block.rms_norm_eps
     layer.enorm = LlamaRMSNorm(hidden, eps)
     layer.hnorm = LlamaRMSNorm(hidden, eps)
@@ -92,8 +95,8 @@ class MtpHead(nn.Module):
     def __init__(self, cfg: MtpConfig):
         super().__init__()
         self.config = cfg.validate()
-        block = cfg.block_config()
-        self.layers = nn.ModuleList(mtp_layer(block) for _ in range(cfg.num_modules))
+        self.block = block = cfg.block_config()
+        self.layers = nn.ModuleList(mtp_layer(block, cfg.dense_block) for _ in range(cfg.num_modules))
         block_class, rotary_class = family_classes(cfg.model_type)
         self.rotary = rotary_class(block)
         params = inspect.signature(block_class.forward).parameters
@@ -107,7 +110,7 @@ class MtpHead(nn.Module):
     def init_from_target(self, target) -> None:
         """Start each block as a copy of the target's last decoder layer, every tensor of it (a strict
         load), and each shared_head norm as its final norm (the modules then begin close to 'one more
-        target layer'); eh_proj stays random."""
+        target layer'); eh_proj stays random, and so does a dense block's MLP (`dense_block`)."""
         family = target.config.model_type
         if family != self.config.model_type:
             raise BadInputError(
@@ -115,24 +118,32 @@ class MtpHead(nn.Module):
                 self.config.model_type,
                 f"{family!r}, the family of the target {target.name}",
             )
+        self.follow(target)
         last = target.layer_state(target.num_layers - 1)  # TargetParts reads it from the checkpoint
         block = {k for k in self.layers[0].state_dict() if not k.startswith(OWN)}
-        if block != set(last):
-            raise BadInputError(
-                "mtp block",
-                f"tensors {sorted(block ^ set(last))[:6]} in it or in the target's last layer only",
-                f"the tensors of {target.name}'s last decoder layer, one for one",
-            )
+        dense = self.config.dense_block
+        check_block(block, set(last), dense, target.name)
+        if dense:  # the target's experts stay out; the block keeps its own dense MLP
+            last = {k: v for k, v in last.items() if not k.startswith("mlp.")}
         with torch.no_grad():
             for layer in self.layers:
-                own = {k: v for k, v in layer.state_dict().items() if k.startswith(OWN)}
+                mine = OWN + ("mlp.",) if dense else OWN
+                own = {k: v for k, v in layer.state_dict().items() if k.startswith(mine)}
                 layer.load_state_dict({**last, **own}, strict=True)
                 layer.shared_head.norm.weight.copy_(target.decoder.norm.weight)
 
+    def follow(self, target) -> None:
+        """Run the experts as the target's layers run them (transformers' experts implementation: the
+        fused grouped GEMM by default, or the eager loop): a fresh block then equals the last layer
+        bit for bit, and a float64 target (no grouped GEMM) gets blocks that run too."""
+        chosen = getattr(target.config, "_experts_implementation", None)
+        if self.config.family.moe and chosen is not None:
+            self.block._experts_implementation = chosen
+
     def new_cache(self, batch: int, capacity: int, cache_class: type[KVCache] = KVCache) -> KVCache:
-        attn, weight = self.layers[0].self_attn, self.layers[0].eh_proj.weight
-        kv_heads = self.config.layer.get("num_key_value_heads", self.config.layer["num_attention_heads"])
-        return cache_class(1, batch, kv_heads, attn.head_dim, capacity, weight.dtype, weight.device)
+        weight = self.layers[0].eh_proj.weight
+        heads, key_dim, value_dim = cache_dims(self.block)  # MLA: the latents' two widths (core/mla.py)
+        return cache_class(1, batch, heads, key_dim, capacity, weight.dtype, weight.device, value_dim)
 
     def forward(
         self,
@@ -251,6 +262,8 @@ def load_head(folder: str | Path, target=None) -> MtpHead:
     if target is not None:
         check_head_matches_target(config, target, folder)
     head = MtpHead(config)
+    if target is not None:
+        head.follow(target)
     expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
     check_tensors(expected, tensors, "MTP")
     head.load_state_dict(tensors, strict=False)
@@ -260,6 +273,7 @@ def load_head(folder: str | Path, target=None) -> MtpHead:
 def check_head_matches_target(config: MtpConfig, target, folder) -> None:
     """The modules read the target's own hidden states: only the target they were trained with will do."""
     checks = [
+        ("model_type", config.model_type, target.config.model_type),  # a block of the target's own family
         ("vocab_size", config.vocab_size, target.vocab_size),
         ("hidden_size", config.hidden_size, target.hidden_size),
         ("num_target_layers", config.num_target_layers, target.num_layers),

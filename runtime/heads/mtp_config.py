@@ -13,13 +13,16 @@ from transformers import AutoConfig, PretrainedConfig
 
 from draftsmith.runtime.core.artifacts import tokenizer_hash
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.families import FAMILIES as TARGET_FAMILIES
+from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.heads.eagle3 import LAYER_KEYS
+from draftsmith.runtime.heads.mtp_block import block_fields, check_dense_option
 
 MAX_MODULES = 4
 FEATURES = ("final_norm", "pre_norm")
-# The supported target families (runtime/core/targets.py SUPPORTED_MODEL_TYPES) and their class-name prefix in
-# transformers: a module's block is `{prefix}DecoderLayer`, its rotary embedding `{prefix}RotaryEmbedding`.
-FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+# The target families whose decoder layer an MTP block is (runtime/core/families.py, `mtp_block`) and their
+# class-name prefix in transformers: a block is `{prefix}DecoderLayer`, its rotary `{prefix}RotaryEmbedding`.
+FAMILIES = {t: f.prefix for f in TARGET_FAMILIES if f.mtp_block for t in f.model_types}
 # Target config fields the families' blocks read beyond eagle3.LAYER_KEYS (biases, sliding windows).
 BLOCK_KEYS = ("attention_bias", "mlp_bias", "attention_dropout")
 BLOCK_KEYS += ("sliding_window", "use_sliding_window", "max_window_layers")
@@ -45,6 +48,9 @@ class MtpConfig:
     feature: str = "final_norm"
     # Zero the token embedding at position 0, as vLLM's MTP layers do (deepseek_mtp.py, mimo_mtp.py).
     mask_first_position: bool = False
+    # The explicit option for an MoE target: a dense MLP in each block instead of the last layer's experts
+    # (runtime/heads/mtp_block.py); off, a block is the kind of the target's last layer
+    dense_block: bool = False
 
     @classmethod
     def for_target(cls, target, num_modules: int = 1, cotrained: bool = False, **options) -> MtpConfig:
@@ -53,6 +59,9 @@ class MtpConfig:
         layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
         if cfg.get("layer_types"):
             layer["layer_types"] = cfg["layer_types"][-1:]  # the kind of attention of the last layer
+        family = family_of(target.config, "target model_type")
+        layer.update(block_fields(family, target.config))  # MoE / MLA fields, the last layer's MLP kind
+        check_dense_option(family, target.config, options.get("dense_block", False))
         return cls(
             target=target.name,
             vocab_size=target.vocab_size,
@@ -85,7 +94,15 @@ class MtpConfig:
             raise BadInputError(
                 "model_type", self.model_type, f"one of {list(FAMILIES)} (an MTP block's family)"
             )
+        if not isinstance(self.dense_block, bool) or (self.dense_block and not self.family.moe):
+            raise BadInputError(
+                "dense_block", self.dense_block, "false (true replaces an MoE target's experts only)"
+            )
         return self
+
+    @property
+    def family(self):
+        return family_of(self.model_type, "model_type")
 
     def block_config(self) -> PretrainedConfig:
         """The family's config for one block (each module owns a one-layer cache)."""
@@ -93,4 +110,6 @@ class MtpConfig:
             self.model_type, **self.layer, num_hidden_layers=1, vocab_size=self.vocab_size
         )
         block._attn_implementation = "sdpa"  # boolean masks (tree and module masks) need SDPA, not eager
+        if self.family.moe:  # what a loaded model runs (get_correct_experts_implementation's default)
+            block._experts_implementation = "grouped_mm"
         return block

@@ -64,6 +64,9 @@ class MtpSection(HeadSection):
     # embedding at position 0.
     mtp_feature: Literal["final_norm", "pre_norm"] = "final_norm"
     mtp_mask_first_position: bool = False
+    # An MoE target's blocks with a dense MLP instead of its last layer's experts
+    # (runtime/heads/mtp_block.py); refused for a target whose last layer is dense
+    mtp_dense_block: bool = False
 
     def validate(self) -> MtpSection:
         super().validate()
@@ -71,9 +74,17 @@ class MtpSection(HeadSection):
             raise BadInputError("head.num_modules", self.num_modules, f"an integer in [1, {MAX_MODULES}]")
         return self
 
+    def check_run(self, cfg) -> None:
+        if cfg.cotrain.enabled and cfg.cotrain.self_distill:  # built for Medusa-2 only (train/medusa2.py)
+            raise BadInputError("cotrain.self_distill", True, "false for head.type=mtp (it is Medusa-2's)")
+
     def head_options(self) -> dict:
         """MtpConfig.for_target's keywords besides the module count (trainer and preflight alike)."""
-        return dict(feature=self.mtp_feature, mask_first_position=self.mtp_mask_first_position)
+        return dict(
+            feature=self.mtp_feature,
+            mask_first_position=self.mtp_mask_first_position,
+            dense_block=self.mtp_dense_block,
+        )
 
 
 def _folder_and_option(arg: str) -> tuple[str, bool]:

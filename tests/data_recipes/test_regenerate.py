@@ -179,3 +179,37 @@ def test_answers_left_by_other_inputs_are_not_reused(tiny_target, prepared, tmp_
     (partial / "answers-00000.jsonl").write_text(json.dumps(bogus) + "\n")
     regen.regenerate(tiny_target, prepared, tmp_path / "other", SamplingParams(), 4, progress=False)
     assert messages_by_id(tmp_path / "other") == messages_by_id(straight)
+
+
+# A conversation whose SECOND turn's prompt outgrows the tiny target's 256-token context (a long user
+# turn after the first answer); prepare keeps it (clipped after its first, supervised, answer).
+TOO_LONG = [
+    {"role": "user", "content": "w1"},
+    {"role": "assistant", "content": "w4 w5"},
+    {"role": "user", "content": " ".join(["w9"] * 260)},
+    {"role": "assistant", "content": "w6"},
+    {"role": "user", "content": "w7"},
+    {"role": "assistant", "content": "w8"},
+]
+
+
+def test_a_turn_that_does_not_fit_leaves_its_conversation_out(tiny_target, tmp_path):
+    """A non-final turn that does not fit: its later turns are not asked (no KeyError on the missing
+    answer), the row is left out and counted once, as the vLLM path does; every other row is what a run
+    without that conversation makes."""
+
+    def run(conversations, name):
+        source = tmp_path / f"{name}.jsonl"
+        source.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
+        prepared = tmp_path / f"{name}-prepared"
+        prepare(tiny_target, str(source), prepared, max_length=256, validation_fraction=0.0, progress=False)
+        assert read_record(prepared)["summary"]["kept"] == len(conversations)
+        out = tmp_path / f"{name}-regen"
+        done = regen.regenerate(tiny_target, prepared, out, SamplingParams(), 6, batch_size=2, progress=False)
+        return done["summary"], sorted(json.dumps(m) for m in messages_by_id(out).values())
+
+    summary, rows = run(CONVERSATIONS[:2] + [TOO_LONG] + CONVERSATIONS[2:], "with")
+    assert summary["dropped"] == {"prompt longer than the target's context": 1}
+    assert summary["kept"] == len(CONVERSATIONS)
+    base, want = run(CONVERSATIONS, "without")
+    assert rows == want and base["dropped"] == {}

@@ -259,3 +259,27 @@ def test_capture_fed_by_a_vllm_worker_writes_the_same_shards(tiny_target, prepar
         for name in ("input_ids", "loss_mask", "aux_hidden", "last_hidden"):
             torch.testing.assert_close(a[i][name], b[i][name], rtol=0, atol=0)
     assert not list(tmp_path.glob("*.safetensors"))  # the reader removes what it read
+
+
+def test_a_turn_that_does_not_fit_is_left_out_by_both_engines(tiny_target, tmp_path):
+    """A conversation whose middle turn's prompt outgrows the context: both engines leave it out, count
+    it once, and agree on every other row."""
+    long = [
+        {"role": "user", "content": "w1"},
+        {"role": "assistant", "content": "w4 w5"},
+        {"role": "user", "content": " ".join(["w9"] * 260)},  # with the first answer: > 256 tokens
+        {"role": "assistant", "content": "w6"},
+        {"role": "user", "content": "w7"},
+        {"role": "assistant", "content": "w8"},
+    ]
+    source = tmp_path / "conv.jsonl"
+    source.write_text("".join(json.dumps({"messages": m}) + "\n" for m in [long, *CONVERSATIONS]))
+    prepared = tmp_path / "prepared"
+    prepare(tiny_target, str(source), prepared, max_length=256, validation_fraction=0.2, progress=False)
+    want = regen.regenerate(tiny_target, prepared, tmp_path / "draftsmith", SamplingParams(), 6, seed=3,
+                            batch_size=3, progress=False)  # fmt: skip
+    done = run_vllm(tiny_target, prepared, tmp_path / "vllm", SamplingParams(), FakeWorker(tiny_target))
+    assert messages_by_id(tmp_path / "vllm") == messages_by_id(tmp_path / "draftsmith")
+    assert len(messages_by_id(tmp_path / "vllm")) == len(CONVERSATIONS)
+    assert done["summary"]["dropped"] == want["summary"]["dropped"]
+    assert want["summary"]["dropped"] == {"prompt longer than the target's context": 1}

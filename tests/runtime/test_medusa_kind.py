@@ -40,7 +40,7 @@ def test_the_kind_is_registered_on_both_sides():
     from draftsmith.train.objectives import objective
 
     kind = head_kinds.get("medusa")
-    assert kind.section is MedusaSection and kind.module is medusa.MedusaHeads and not kind.cotrain
+    assert kind.section is MedusaSection and kind.module is medusa.MedusaHeads and kind.cotrain  # Medusa-2
     assert objective("medusa") is MedusaKind and MAX_HEADS == medusa.MAX_HEADS
     assert head_kinds.formats()["medusa"] == ("medusa",)
     assert "medusa:DIR" in head_kinds.draft_specs()

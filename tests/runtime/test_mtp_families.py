@@ -15,15 +15,18 @@ from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.families import FAMILIES
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.core.targets import SUPPORTED_MODEL_TYPES
 from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, save_head
 from draftsmith.runtime.heads.mtp_layout import from_deepseek, from_mimo, to_deepseek, to_mimo
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
 
+# The dense families tests/tiny_models.py builds; the MoE and MLA families' blocks (and the dense option)
+# are tests/runtime/test_mtp_blocks.py's, on their own tiny models.
+DENSE = tuple(t for f in FAMILIES if f.mtp_block and not f.moe and not f.mla for t in f.model_types)
 # Tensors a Llama block lacks, per family (the families' own modeling files in transformers).
 EXTRA = {
     "qwen2": {f"self_attn.{p}_proj.bias" for p in "qkv"},
@@ -31,7 +34,7 @@ EXTRA = {
 }
 
 
-@pytest.fixture(scope="module", params=SUPPORTED_MODEL_TYPES)
+@pytest.fixture(scope="module", params=DENSE)
 def target(request):
     model = tiny_model(request.param)
     torch.manual_seed(1)
@@ -120,7 +123,7 @@ def test_modules_draft_with_greedy_identity(target):
     assert [r.token_ids for r in results] == [r.token_ids for r in plain]
 
 
-@pytest.mark.parametrize("family", SUPPORTED_MODEL_TYPES)
+@pytest.mark.parametrize("family", DENSE)
 def test_lora_cotraining_starts_each_block_as_the_targets_last_layer(family):
     """The trainer's MTP path with LoRA co-training: the blocks copy the target's last layer before the
     adapters wrap its projections (wrapped, they are `*.base_layer.weight`, which no block has)."""

@@ -15,6 +15,7 @@ import bisect
 import json
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -118,8 +119,21 @@ def measured_peak(run):
         ["train.ttt_attention=dense"],
         ["train.activation_checkpointing=true"],
         ["head.type=mtp", "head.num_modules=2"],
+        ["head.type=medusa", "head.num_heads=3"],  # the target's LM head shared, the whole vocabulary
+        ["head.type=medusa", "head.reduce_vocab=true", "head.draft_vocab_size=64"],  # its rows sliced once
+        ["head.type=medusa", "head.labels=data", "head.reduce_vocab=true", "head.draft_vocab_size=64"],
+        ["head.type=medusa", "head.num_heads=2", "head.original_lm_head=false", "head.num_layers=2"],
     ],
-    ids=["eagle3", "eagle3-dense", "eagle3-checkpointing", "mtp"],
+    ids=[
+        "eagle3",
+        "eagle3-dense",
+        "eagle3-checkpointing",
+        "mtp",
+        "medusa",
+        "medusa-reduced",
+        "medusa-data-labels",
+        "medusa-own-heads",
+    ],
 )
 def test_the_estimate_is_within_20_percent_of_a_measured_cpu_run(
     tiny_dir, answers, answers_dir, tmp_path, extra
@@ -141,6 +155,26 @@ def test_the_estimate_is_within_20_percent_of_a_measured_cpu_run(
     est = estimate(shapes, Knobs.from_config(cfg, shapes), Setup("single", 1, "cpu", "no"))
     terms = {t.name: round(t.bytes) for t in est.terms}
     assert 0.8 <= est.peak / peak <= 1.2, f"estimated {est.peak:.0f} B, measured {peak} B: {terms}"
+
+
+def test_medusa_has_its_own_terms(capsys):
+    """Medusa's objective declares its terms (`memory = "heads"`): no attention and no MTP modules, its
+    loss over the draft vocabulary (head.reduce_vocab), the shared LM head's draft rows counted once."""
+    config = Path(__file__).parents[2] / "configs" / "medusa-smollm2-135m.yaml"
+    assert main(["train", "--preflight", "--config", str(config), "--world-size", "1"]) == 0
+    out = capsys.readouterr().out
+    for mtp_words in ("attention", "module", "eh_proj", "M x B x T x V"):
+        assert mtp_words not in out, mtp_words
+    assert "Medusa online" in out and "head activations (B x T x K)" in out
+    assert "K x B x T x Vd x fp32 (log-softmax, target probs), Vd = 8192 (head.reduce_vocab)" in out
+    assert "draft rows of the LM head" in out
+    cfg = load_train_config(str(config), [])
+    shapes = TargetShapes.load(cfg.target, torch.bfloat16)
+    knobs = Knobs.from_config(cfg, shapes)
+    terms = {t.name: t for t in estimate(shapes, knobs, Setup("single", 1, "cuda", "bf16")).terms}
+    tokens, vd = cfg.train.batch_size * cfg.data.max_length, cfg.head.draft_vocab_size
+    assert terms["draft rows of the LM head"].bytes == vd * shapes.hidden * 2  # one bf16 copy, not K
+    assert terms["loss tensors"].bytes == tokens * cfg.head.num_heads * (8 * vd + 8)  # over Vd, not V
 
 
 def test_the_meta_device_count_is_the_real_one(tiny_dir, tiny_target, tmp_path):
