@@ -188,8 +188,11 @@ MOE_TESTED = (
 )
 GEMMA_TESTED = (
     "parity (prefill, cached steps, padding, tree step; float64), compaction, static path, identity (ngram, "
-    "self, EAGLE-3), offline parts, controls (scale, soft-cap, windows, rope)"
+    "self, EAGLE-3, MTP), MTP blocks, offline parts, controls (scale, soft-cap, windows, rope)"
 )
+# Gemma's decoder-layer fields beyond the Llama ones (Gemma2Config, Gemma3TextConfig): an MTP block reads
+# them; the layer type, window and per-type rope come with the MTP config's own fields (mtp_config.py)
+GEMMA_BLOCK_KEYS = ("query_pre_attn_scalar", "attn_logit_softcapping", "hidden_activation")
 
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -259,6 +262,8 @@ FAMILIES: tuple[Family, ...] = (
         logit_softcap=True,
         windows="per_layer",
         tensor_parallel=False,
+        mtp_block=True,
+        block_keys=GEMMA_BLOCK_KEYS,
         tested=GEMMA_TESTED.replace("float64", "float32 bound: eager softmax"),
     ),
     Family(
@@ -272,6 +277,8 @@ FAMILIES: tuple[Family, ...] = (
         windows="per_layer",
         rope_per_layer_type=True,
         tensor_parallel=False,
+        mtp_block=True,
+        block_keys=GEMMA_BLOCK_KEYS,
         tested=GEMMA_TESTED,
     ),
     Family(
@@ -289,6 +296,8 @@ FAMILIES: tuple[Family, ...] = (
         decoder="model.language_model",
         checkpoint_prefix="language_model.model.",
         tensor_parallel=False,
+        mtp_block=True,
+        block_keys=GEMMA_BLOCK_KEYS,
         tested=GEMMA_TESTED,
     ),
 )

@@ -24,7 +24,10 @@ Tensor names follow DeepSeek-V3's `model.layers.{L+m}.*` with the prefix `layers
 target's and are not stored). The block is the target family's decoder-layer class (`model_type`), so it
 carries that family's own tensors under the target's names: Qwen3's `self_attn.{q,k}_norm`, Qwen2's
 `self_attn.{q,k,v}_proj.bias`, DeepSeek's MLA projections, an MoE last layer's `mlp.gate` and
-`mlp.experts` (or, with `dense_block`, the family's dense MLP: runtime/heads/mtp_block.py).
+`mlp.experts` (or, with `dense_block`, the family's dense MLP: runtime/heads/mtp_block.py), Gemma's
+`{pre,post}_feedforward_layernorm`; it runs as the target's last layer does (`layer_inputs`: that
+layer's attention type, sliding or full, with its rope and mask, eager masks for Gemma 2). The embedding
+is the target's scaled one (`target.embed`) and the logits its soft-capped ones (`target.lm_head`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from draftsmith.runtime.core.artifacts import check_tensors, save_head_files, to
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes, needs_mask
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.mla import cache_dims
 from draftsmith.runtime.heads.mtp_block import build_block, check_block
@@ -63,23 +67,26 @@ def family_classes(model_type: str) -> tuple[type[nn.Module], type[nn.Module]]:
 
 
 class SharedHead(nn.Module):
-    """DeepSeek's `shared_head`: its own RMSNorm; the LM head itself is the target's."""
+    """DeepSeek's `shared_head`: its own RMSNorm, of the target family's class (it starts as the target's
+    final norm: Gemma's scales by 1 + weight, so a Llama norm could not hold its weight); the LM head
+    itself is the target's."""
 
-    def __init__(self, hidden: int, eps: float):
+    def __init__(self, hidden: int, eps: float, norm_class: type[nn.Module] = LlamaRMSNorm):
         super().__init__()
-        self.norm = LlamaRMSNorm(hidden, eps)
+        self.norm = norm_class(hidden, eps)
 
 
 def mtp_layer(block: PretrainedConfig, dense: bool = False) -> nn.Module:
     """One MTP module: an instance of the target family's decoder-layer class (its forward is the
     block's; MoE or dense as runtime/heads/mtp_block.py says) with DeepSeek's input projection and norms
     attached as submodules."""
-    layer = build_block(family_of(block.model_type, "model_type"), block, dense)
+    family = family_of(block.model_type, "model_type")
+    layer = build_block(family, block, dense)
     hidden, eps = block.hidden_size, block.rms_norm_eps
     layer.enorm = LlamaRMSNorm(hidden, eps)
     layer.hnorm = LlamaRMSNorm(hidden, eps)
     layer.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
-    layer.shared_head = SharedHead(hidden, eps)
+    layer.shared_head = SharedHead(hidden, eps, family.rmsnorm_class())
     return layer
 
 
@@ -101,6 +108,10 @@ class MtpHead(nn.Module):
         self.rotary = rotary_class(block)
         params = inspect.signature(block_class.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # the block runs as the target's last layer: its attention type (Gemma alternates sliding and
+        # full layers), that type's rope and mask (runtime/core/layer_inputs.py)
+        self.block_family = cfg.family
+        self.layer_type = cfg.family.layer_types(block)[0]
 
     def target_feature(self, target, last_hidden: torch.Tensor) -> torch.Tensor:
         """h_0 from the target's last decoder output [.., H] (pre-norm): after its final norm, or as it
@@ -184,7 +195,7 @@ class MtpHead(nn.Module):
         if self.config.mask_first_position:
             embeds = embeds.masked_fill(position_ids[..., None] == 0, 0.0)
         x = layer.eh_proj(torch.cat([layer.enorm(embeds), layer.hnorm(feature)], dim=-1))  # [B, T, H]
-        rope = self.rotary(x, position_ids=position_ids)
+        rope, mask = self.layer_inputs(x, position_ids, mask)
         h = layer(
             x,
             attention_mask=mask,
@@ -193,6 +204,21 @@ class MtpHead(nn.Module):
             **{self._cache_kwarg: cache},
         )
         return h[0] if isinstance(h, tuple) else h  # older transformers return (hidden, ...)
+
+    def layer_inputs(
+        self,
+        x: torch.Tensor,  # [B, T, H]
+        position_ids: torch.Tensor,  # [B, T]
+        mask: torch.Tensor | None,  # [B?, 1, T, S] bool, or None = causal
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+        """The rope (cos, sin) and mask of the block's layer type, as the target's own layer of that type
+        gets them: a sliding window narrows the mask, eager attention adds it (an explicit causal mask
+        where None would not do: eager has no causal default, a window cuts a long history)."""
+        family, block, kind = self.block_family, self.block, self.layer_type
+        if mask is None and needs_mask(family, block, x.shape[1]):
+            mask = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).tril()[None, None]
+        rope = layer_ropes(family, block, self.rotary, x, position_ids)[kind]
+        return rope, layer_masks(family, block, mask, x.dtype)[kind]
 
     def logits(self, target, module: int, h: torch.Tensor) -> torch.Tensor:
         """Module m's output [.., H] -> logits [.., V] in float32, through the target's LM head."""

@@ -42,7 +42,9 @@ def last_layer_is_moe(family, config) -> bool:
 def block_fields(family, config) -> dict:
     """The target config fields an MTP block of this family reads beyond the Llama ones, and the
     overrides that give layer 0 the MLP kind of the target's last layer."""
-    fields = {k: getattr(config, k) for k in family.block_keys if getattr(config, k, None) is not None}
+    # A field the target sets to None keeps None (Gemma 2 without attn_logit_softcapping: no cap), never
+    # the block config class's default.
+    fields = {k: getattr(config, k) for k in family.block_keys if hasattr(config, k)}
     if family.one_layer is not None:
         fields.update(family.one_layer(last_layer_is_moe(family, config)))
     return fields

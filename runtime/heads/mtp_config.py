@@ -109,7 +109,9 @@ class MtpConfig:
         block = AutoConfig.for_model(
             self.model_type, **self.layer, num_hidden_layers=1, vocab_size=self.vocab_size
         )
-        block._attn_implementation = "sdpa"  # boolean masks (tree and module masks) need SDPA, not eager
+        # the target's attention: SDPA with boolean masks, or eager where SDPA would drop part of the
+        # layer (Gemma 2's score soft-cap); MtpHead.run_module makes eager masks additive (layer_inputs.py)
+        block._attn_implementation = self.family.attention
         if self.family.moe:  # what a loaded model runs (get_correct_experts_implementation's default)
             block._experts_implementation = "grouped_mm"
         return block

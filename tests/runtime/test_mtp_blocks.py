@@ -1,8 +1,9 @@
 """MTP blocks built from the target's own decoder-layer class, per family (issue 24 item 3): a fresh module's
 block reproduces the target's last layer exactly on the same input (Llama, Qwen2's q/k/v biases, Qwen3's
-q/k norms, DeepSeek-V3's MLA and experts, Qwen3-MoE's and Mixtral's experts), loaded strictly from that
-layer; `dense_block` (head.mtp_dense_block) gives an MoE target's blocks the family's dense MLP and
-keeps the rest of the last layer; what does not fit is refused with exit code 2; heads save, load and
+q/k norms, DeepSeek-V3's MLA and experts, Qwen3-MoE's and Mixtral's experts, Gemma 2's and 3's extra
+feed-forward norms with the last layer's attention type, rope and mask), loaded strictly from that layer;
+`dense_block` (head.mtp_dense_block) gives an MoE target's blocks the family's dense MLP and keeps the
+rest of the last layer; what does not fit is refused with exit code 2; heads save, load and
 export in DeepSeek's layout with their experts, draft with greedy identity, and folders written before
 the option existed still load.
 
@@ -24,6 +25,7 @@ from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of
+from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
@@ -41,6 +43,9 @@ BUILDERS = {
     "deepseek_v3": tiny_deepseek,
     "qwen3_moe": lambda: family_model("qwen3_moe"),
     "mixtral": lambda: family_model("mixtral"),
+    "gemma2": lambda: family_model("gemma2"),
+    "gemma3_text": lambda: family_model("gemma3_text"),
+    "gemma3": lambda: family_model("gemma3"),  # the vision-language model's text tower
 }
 MOE = ("deepseek_v3", "qwen3_moe", "mixtral")
 # What each family's last layer holds that a Llama layer lacks (the families' modeling files).
@@ -52,16 +57,28 @@ EXTRA = {
                     "mlp.shared_experts.down_proj.weight"),
     "qwen3_moe": ("self_attn.q_norm.weight", "mlp.gate.weight", "mlp.experts.down_proj"),
     "mixtral": ("mlp.gate.weight", "mlp.experts.gate_up_proj"),
+    "gemma2": ("pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"),
+    "gemma3_text": ("pre_feedforward_layernorm.weight", "self_attn.q_norm.weight"),
+    "gemma3": ("post_feedforward_layernorm.weight", "self_attn.k_norm.weight"),
 }  # fmt: skip
 
 
 def perturbed_target(family: str) -> Target:
-    model = BUILDERS[family]()
+    target = Target(BUILDERS[family](), tiny_tokenizer(), f"tiny-{family}")
     torch.manual_seed(1)
     with torch.no_grad():
-        for p in model.model.layers[-1].parameters():
+        for p in target.decoder.layers[-1].parameters():
             p.add_(0.1 * torch.randn_like(p))
-    return Target(model, tiny_tokenizer(), f"tiny-{family}")
+    return target
+
+
+def last_layer_inputs(target, x, positions):
+    """The rope and the (causal) mask the target's last layer gets, by its layer type (Gemma: sliding or
+    full; eager attention's mask additive), as Target.run_layers hands them."""
+    kind = target.layer_types[-1]
+    causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()[None, None]
+    rope = layer_ropes(target.family, target.config, target.decoder.rotary_emb, x, positions)[kind]
+    return rope, layer_masks(target.family, target.config, causal, x.dtype)[kind]
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -91,9 +108,9 @@ def run_layer(target, layer):
     """The layer on one fixed input [2, 7, H] at positions 3..9 (causal, no cache) -> [2, 7, H]."""
     x = torch.randn(2, 7, target.hidden_size, generator=torch.Generator().manual_seed(3))
     positions = torch.arange(3, 10)[None].expand(2, -1)
-    rope = target.decoder.rotary_emb(x, position_ids=positions)
+    rope, mask = last_layer_inputs(target, x, positions)
     with torch.no_grad():
-        out = layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)
+        out = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=rope)
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -104,8 +121,13 @@ def test_a_fresh_block_reproduces_the_targets_last_layer(target):
     assert set(EXTRA.get(family, ())) <= set(last.state_dict())
     x = torch.zeros(1, 4, target.hidden_size)
     positions = torch.arange(3, 7)[None]
-    want_rope = target.decoder.rotary_emb(x, position_ids=positions)
-    assert all(torch.equal(a, b) for a, b in zip(head.rotary(x, position_ids=positions), want_rope))
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()[None, None]
+    want_rope, want_mask = last_layer_inputs(target, x, positions)
+    rope, mask = head.layer_inputs(x, positions, causal)
+    assert head.layer_type == target.layer_types[-1]
+    assert head.block._attn_implementation == target.family.attention  # eager for Gemma 2
+    assert all(torch.equal(a, b) for a, b in zip(rope, want_rope))
+    assert torch.equal(mask, want_mask)
     want = run_layer(target, last)
     for m in range(head.config.num_modules):
         assert block_state(head.layers[m]).keys() == last.state_dict().keys()
@@ -230,3 +252,44 @@ def test_a_head_of_another_family_is_refused_naming_the_family(tmp_path):
     save_head(fresh_head(perturbed_target("qwen3_moe")), tmp_path / "head")
     with pytest.raises(BadInputError, match="mtp head model_type: got 'qwen3_moe'"):
         load_head(tmp_path / "head", perturbed_target("deepseek_v3"))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_a_gemma_block_runs_as_a_sliding_last_layer(family):
+    """The tiny Gemma targets end with a global layer; here the last layer is a sliding one (window 5, the
+    input 7 tokens long): the block takes that layer's window and rope (Gemma 3: the local base), and the
+    same block run as a global layer misses it (the control)."""
+    from family_models import family_config
+    from transformers import AutoModelForCausalLM
+
+    config = family_config(family)
+    config.layer_types = [*config.layer_types[:-2], "full_attention", "sliding_attention"]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation).eval()
+    target = Target(model, tiny_tokenizer(), f"tiny-{family}-sliding")
+    head = fresh_head(target, modules=1)
+    assert head.layer_type == "sliding_attention" and head.block.sliding_window == config.sliding_window
+    want = run_layer(target, target.decoder.layers[-1])
+    assert torch.equal(run_layer(target, head.layers[0]), want)
+    # the control: the same block run as a global layer (the full mask; Gemma 3: the global rope too)
+    x = torch.randn(2, 7, target.hidden_size, generator=torch.Generator().manual_seed(3))
+    positions = torch.arange(3, 10)[None].expand(2, -1)
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()[None, None]
+    full = "full_attention"
+    rope = layer_ropes(target.family, target.config, target.decoder.rotary_emb, x, positions)[full]
+    mask = layer_masks(target.family, target.config, causal, x.dtype)[full]
+    with torch.no_grad():
+        got = head.layers[0](x, attention_mask=mask, position_ids=positions, position_embeddings=rope)
+    got = got[0] if isinstance(got, tuple) else got
+    assert (got - want).abs().max() > 0.1 * want.abs().max()  # 0.94 (Gemma 2) and 0.66 (Gemma 3) of it
+
+
+def test_a_field_the_target_sets_to_none_stays_none_in_the_block():
+    """Gemma 2 without attention soft-capping (None): the block must not fall back to the config class's
+    default cap of 50 (it would soft-cap scores the target never caps)."""
+    from transformers import Gemma2Config
+
+    config = Gemma2Config(attn_logit_softcapping=None)
+    fields = block_fields(family_of(config), config)
+    assert "attn_logit_softcapping" in fields and fields["attn_logit_softcapping"] is None
+    assert Gemma2Config(**fields).attn_logit_softcapping is None

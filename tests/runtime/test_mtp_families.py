@@ -24,9 +24,11 @@ from draftsmith.runtime.heads.mtp_layout import from_deepseek, from_mimo, to_dee
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
 
-# The dense families tests/tiny_models.py builds; the MoE and MLA families' blocks (and the dense option)
-# are tests/runtime/test_mtp_blocks.py's, on their own tiny models.
-DENSE = tuple(t for f in FAMILIES if f.mtp_block and not f.moe and not f.mla for t in f.model_types)
+# The dense families tests/tiny_models.py builds; the MoE, MLA and Gemma families' blocks (and the dense
+# option) are tests/runtime/test_mtp_blocks.py's, on their own tiny models (tests/family_models.py).
+DENSE = tuple(
+    t for f in FAMILIES if f.mtp_block and not (f.moe or f.mla or f.embedding) for t in f.model_types
+)
 # Tensors a Llama block lacks, per family (the families' own modeling files in transformers).
 EXTRA = {
     "qwen2": {f"self_attn.{p}_proj.bias" for p in "qkv"},
