@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from family_models import FAMILY_NAMES, make_family_dir
 from tiny_models import make_tiny_dir
 
 
@@ -25,3 +26,10 @@ def smollm2():
     from draftsmith.runtime.core.target import Target
 
     return Target.load("smollm2-135m", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def family_dirs(tmp_path_factory):
+    """One tiny sharded folder per new family (tests/family_models.py), built once, read-only to tests."""
+    root = tmp_path_factory.mktemp("families")
+    return {name: make_family_dir(root / name, name) for name in FAMILY_NAMES}

@@ -23,7 +23,7 @@ import json
 import pytest
 import torch
 from engine_checks import assert_identical, make_prompts
-from family_models import FAMILY_NAMES, make_family_dir
+from family_models import FAMILY_NAMES
 from tolerances import float64_atol, model_sums, rounding_atol
 
 from draftsmith.runtime.bench.side_by_side import hf_generate_batch
@@ -45,12 +45,6 @@ from draftsmith.runtime.verify.tree import Tree, ancestor_mask, parse_tree_spec,
 
 GREEDY = SamplingParams()
 NEW_TOKENS = 24
-
-
-@pytest.fixture(scope="session")
-def family_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    return {name: make_family_dir(root / name, name) for name in FAMILY_NAMES}
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)

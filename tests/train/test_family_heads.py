@@ -29,7 +29,7 @@ import math
 import pytest
 import torch
 from engine_checks import make_prompts
-from family_models import FAMILY_NAMES, make_family_dir
+from family_models import FAMILY_NAMES
 from tiny_mla import mla_sums
 from tolerances import model_sums, rounding_atol
 from train_data import read_metrics, run_overrides
@@ -74,12 +74,6 @@ def other_family(name: str) -> str:
     other = FAMILY_NAMES[(FAMILY_NAMES.index(name) + 1) % len(FAMILY_NAMES)]
     assert VERIFIER[other][1] != VERIFIER[name][1]
     return other
-
-
-@pytest.fixture(scope="module")
-def family_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    return {name: make_family_dir(root / name, name) for name in FAMILY_NAMES}
 
 
 @pytest.fixture(scope="module", params=FAMILY_NAMES)
