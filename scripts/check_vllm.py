@@ -102,9 +102,9 @@ def run(args) -> int:
         )
         if args.method == "mtp":  # the model's own MTP layers (an `export --format mtp-mimo` folder)
             kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.k or 1}
-        elif args.draft:
+        elif args.draft:  # a head folder: eagle3 (the official export) or medusa (vLLM's medusa layout)
             kwargs["speculative_config"] = {
-                "method": "eagle3",
+                "method": args.method,
                 "model": args.draft,
                 "num_speculative_tokens": args.k or 2,
             }
@@ -353,8 +353,13 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="one vLLM engine over draftsmith's prompt ids (vLLM venv)")
     r.add_argument("--model", required=True, help="target folder, or a speculators head folder")
-    r.add_argument("--draft", help="EAGLE-3 head folder for speculative_config (method eagle3)")
-    r.add_argument("--method", default="eagle3", help="eagle3, or mtp: --model's own MTP layers")
+    r.add_argument("--draft", help="head folder for speculative_config (its --method: eagle3 or medusa)")
+    r.add_argument(
+        "--method",
+        default="eagle3",
+        choices=["eagle3", "medusa", "mtp"],
+        help="with --draft: eagle3 or medusa (the head's vLLM layout); mtp: --model's own MTP layers",
+    )
     r.add_argument(
         "--k",
         type=int,

@@ -58,16 +58,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 DS=.venv/bin/draftsmith
 [ -x "$DS" ] || { echo "check_vllm.sh: $DS not found (run make install first)" >&2; exit 2; }
 mkdir -p "$OUT/logs"
+source scripts/vllm_check_lib.sh  # phase, vllm_run, the vLLM environment
 TIMINGS="$OUT/timings.txt"
 : > "$TIMINGS"
-phase() {  # phase NAME COMMAND...: run it, record its wall time
-  local name=$1 t0=$SECONDS
-  shift
-  echo "== $name"
-  "$@"
-  echo "$name $((SECONDS - t0))" >> "$TIMINGS"
-  echo "   ($name: $((SECONDS - t0)) s)"
-}
 cleanup() { [ "$KEEP_ENV" = 1 ] || { echo "removing $VENV (pass --keep-env to keep it)"; rm -rf "$VENV"; }; }
 trap cleanup EXIT
 
@@ -101,20 +94,6 @@ run_draftsmith() {
 phase draftsmith run_draftsmith
 
 # ---- 4. vLLM ------------------------------------------------------------------------------------------
-export VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-IOMP=$(ls "$VENV"/lib/libiomp5.so 2>/dev/null || true)  # vLLM-CPU asks for Intel OpenMP preloaded
-vllm_run() {  # vllm_run NAME ARGS...: one engine in its own process; a load failure is recorded, not fatal
-  local name=$1
-  shift
-  if LD_PRELOAD=${IOMP} nice -n 10 timeout 900 "$VENV/bin/python" scripts/check_vllm.py run "$@" \
-    --prompts "$OUT/draftsmith.jsonl" --max-tokens "$MAX_TOKENS" --out "$OUT/vllm-$name.json" \
-    > "$OUT/logs/vllm-$name.log" 2>&1; then
-    echo "   $name: ok"
-  else
-    echo "   $name: FAILED (rc $?), last lines of $OUT/logs/vllm-$name.log:"
-    tail -5 "$OUT/logs/vllm-$name.log" | cut -c1-300 | sed 's/^/     /'
-  fi
-}
 phase vllm_plain vllm_run plain --model "$TARGET_DIR"
 phase vllm_eagle3 vllm_run eagle3 --model "$TARGET_DIR" --draft "$OFFICIAL" --k "$K"
 phase vllm_speculators_model vllm_run speculators-model --model "$SPECULATORS" --k "$K"

@@ -16,6 +16,8 @@ SCHEMAS = {
     "mtp-": TrainConfig,
     "medusa-": TrainConfig,
     "medusa2-": TrainConfig,
+    "peagle-": TrainConfig,
+    "dflash-": TrainConfig,
 }
 
 

@@ -26,7 +26,8 @@ def default_head() -> HeadSection:
 class CotrainConfig:
     """Train the target with the head, for kinds that allow it (runtime/heads/head_kinds.py, `cotrain=True`):
     MTP, loss = L_next + mtp_weight * sum_m decay**m L_m; Medusa-2 (train/medusa2.py), loss = L_LM +
-    lambda0 * sum_k decay**k CE_k (Cai et al. 2024, arXiv:2401.10774 section 2.3.2)."""
+    lambda0 * sum_k decay**k CE_k (Cai et al. 2024, arXiv:2401.10774 section 2.3.2); EAGLE-3
+    (train/eagle3_cotrain.py), loss = L_next + eagle3_weight * sum_k decay**k L_k (the TTT loss)."""
 
     enabled: bool = False
     method: Literal["lora", "full"] = "lora"  # LoRA adapters (peft, merged at export) or every weight
@@ -36,6 +37,11 @@ class CotrainConfig:
     lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     freeze_embeddings: bool = True  # keep the embedding and the LM head (tied in SmolLM2) as they were
     mtp_weight: float = 0.3  # lambda (DeepSeek-V3: 0.3 early in pretraining)
+    # EAGLE-3: w of the TTT loss (MTP's lambda; ModelOpt's co-training adds its EAGLE loss with weight 1);
+    # detach_features: the head's loss stops at the target's aux features (the target then trains on
+    # L_next alone); false lets it shape them, as Medusa-2's and DeepSeek-V3's draft losses reach the trunk
+    eagle3_weight: float = 0.3
+    eagle3_detach_features: bool = False
     # Medusa-2: lambda0 (0.2 in the Medusa-2 axolotl recipes), ramped from ~0 over the warmup steps (the
     # paper's heads warmup: fresh heads' large loss must not drag the target), linear or sine in the step
     medusa_weight: float = 0.2
@@ -77,6 +83,7 @@ class LoopConfig:
     max_grad_norm: float = 0.5
     ttt_steps: int = 7  # training-time-test unroll depth K
     step_decay: float = 0.8  # loss weight decay**k of step k
+    noise_std: float = 0.0  # EAGLE-3: N(0, std^2) on the aux features the head reads, training only (0 = off)
     # The TTT step's memory (train/eagle3_objective.py); none of these changes the loss beyond rounding.
     # decomposed: causal attention over the step-0 keys + k diagonal keys, merged by log-sum-exp; dense:
     # the reference, one SDPA over (k+1)T keys with a [T, (k+1)T] mask.
@@ -205,6 +212,9 @@ class TrainConfig:
         if t.loader_prefetch < 1:
             raise BadInputError("train.loader_prefetch", t.loader_prefetch, "an integer >= 1")
         self._validate_head()
+        from draftsmith.train.eagle3_levers import check_config  # head.loss, ttt_schedule, ttt_weights, noise
+
+        check_config(self)
         self._validate_placement()
         if not 0 <= self.data.validation_fraction < 1:
             raise BadInputError(
@@ -263,6 +273,8 @@ class TrainConfig:
             )
         if not c.mtp_weight > 0:
             raise BadInputError("cotrain.mtp_weight", c.mtp_weight, "a number > 0")
+        if not c.eagle3_weight > 0:
+            raise BadInputError("cotrain.eagle3_weight", c.eagle3_weight, "a number > 0 (w of L_eagle3)")
         if not c.medusa_weight > 0:
             raise BadInputError("cotrain.medusa_weight", c.medusa_weight, "a number > 0 (lambda0)")
         if c.medusa_weight_warmup_steps < 0:

@@ -24,7 +24,9 @@ supervised and whose target argmax lies in the draft vocabulary (SpecForge's rul
 token could be right), weighted decay**k (EAGLE-3 / SpecForge: 0.8). The target's logits are computed
 only at the positions some step reads, `logit_chunk` rows at a time, and the soft cross-entropy runs over
 chunks of the counted rows, recomputed in backward (torch.utils.checkpoint): no [B, T, V] or [B, T, Vd]
-logits tensor exists. Simulated tau = 1 + sum_k prod_{j<=k} acc_j, the expected accepted length of a
+logits tensor exists. `divergence` swaps the soft cross-entropy for another loss of train/draft_losses.py
+and `weights` the decay for explicit step weights (head.loss, head.ttt_weights: train/eagle3_levers.py).
+Simulated tau = 1 + sum_k prod_{j<=k} acc_j, the expected accepted length of a
 chain if step accuracies were independent. `ttt_loss_ref` is the loss as first written (dense attention,
 logits everywhere), the oracle tests and scripts/ttt_step_bench.py compare against.
 """
@@ -39,6 +41,7 @@ from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from draftsmith.runtime.heads.eagle3 import Eagle3Head
+from draftsmith.train.eagle3_levers import divergence_loss
 from draftsmith.train.ttt_attention import ttt_attention
 
 ATTENTIONS = ("decomposed", "dense")
@@ -226,6 +229,8 @@ def ttt_loss(
     logit_chunk: int = 1024,  # rows per chunk of target logits and of the soft cross-entropy
     attention: str = "decomposed",
     checkpoint_layers: bool = False,
+    divergence: str = "kl",  # head.loss (train/draft_losses.py); kl: the soft cross-entropy, as always
+    weights=None,  # head.ttt_weights: per-step loss weights (the first `steps`); None = decay**k
 ) -> TTTOutput:
     ids, length = batch.input_ids, batch.input_ids.shape[1]
     valid = torch.ones_like(ids, dtype=torch.bool) if batch.valid is None else batch.valid
@@ -243,13 +248,20 @@ def ttt_loss(
         counted = torch.zeros_like(valid)
         counted[:, : max(length - k - 2, 0)] = supervised[:, k + 2 :]
         counted[:, :width] &= in_vocab_at[:, k + 1 :]
-        ce, correct = soft_ce(head, h[counted], row_of[:, k + 1 :][counted[:, :width]], probs, logit_chunk)
-        n = counted.sum()
-        losses.append(ce / n.clamp(min=1))
+        rows, n = row_of[:, k + 1 :][counted[:, :width]], counted.sum()
+        if divergence == "kl":  # KL + the target's entropy: the same gradients, the loss logged as before
+            ce, correct = soft_ce(head, h[counted], rows, probs, logit_chunk)
+            losses.append(ce / n.clamp(min=1))
+        else:  # train/eagle3_levers.py: the same chunking, another per-position loss
+            loss_k, correct = divergence_loss(divergence, head, h[counted], rows, probs, logit_chunk)
+            losses.append(loss_k)
         corrects.append(correct)
         counts.append(n)
     step_losses = torch.stack(losses)
-    weights = decay ** torch.arange(steps, device=ids.device, dtype=step_losses.dtype)
+    if weights is None:
+        weights = decay ** torch.arange(steps, device=ids.device, dtype=step_losses.dtype)
+    else:
+        weights = torch.as_tensor(weights[:steps], device=ids.device, dtype=step_losses.dtype)
     return TTTOutput((weights * step_losses).sum(), step_losses, torch.stack(corrects), torch.stack(counts))
 
 
@@ -258,12 +270,20 @@ def ttt_loss_ref(
 ) -> TTTOutput:
     """The loss as first written, the oracle: dense-mask attention over (k+1)T keys, the target's logits
     [B, T, V] at every position, one soft cross-entropy over [B, T, Vd] per step."""
+    outputs = unroll(head, embed, batch.input_ids, batch.features, steps, "dense")
+    return dense_step_losses(head, outputs, batch, decay, target_logits)
+
+
+def dense_step_losses(head, outputs, batch: TTTBatch, decay: float, target_logits: Callable) -> TTTOutput:
+    """The reference losses of step outputs (step k's [B, T, H] predicts token t+k+2 from position t),
+    dense: the target's logits at every position, a soft cross-entropy over [B, T, Vd] per step, weighted
+    decay**k (ttt_loss_ref; P-EAGLE's one-pass reference feeds it its block positions)."""
     ids, length = batch.input_ids, batch.input_ids.shape[1]
     valid = torch.ones_like(ids, dtype=torch.bool) if batch.valid is None else batch.valid
     losses, corrects, counts = [], [], []
     with torch.no_grad():
         all_probs, all_in_vocab = draft_targets(head, target_logits(batch.target_hidden))  # [B, T, Vd]
-    for k, h in enumerate(unroll(head, embed, ids, batch.features, steps, "dense")):
+    for k, h in enumerate(outputs):
         logits = head.draft_logits(h)  # [B, T, Vd]
         probs, in_vocab = torch.zeros_like(all_probs), torch.zeros_like(all_in_vocab)
         probs[:, : max(length - k - 1, 0)] = all_probs[:, k + 1 :]
@@ -277,5 +297,5 @@ def ttt_loss_ref(
         corrects.append(((logits.argmax(-1) == probs.argmax(-1)) & counted).sum())
         counts.append(n)
     step_losses = torch.stack(losses)
-    weights = decay ** torch.arange(steps, device=ids.device, dtype=step_losses.dtype)
+    weights = decay ** torch.arange(len(losses), device=ids.device, dtype=step_losses.dtype)
     return TTTOutput((weights * step_losses).sum(), step_losses, torch.stack(corrects), torch.stack(counts))

@@ -51,6 +51,7 @@ class ExportRequest:
     bench: str | None = None  # a bench JSON whose rows for this head go into the card
     vllm_check: str | None = None  # scripts/check_vllm.sh summary.json for the card
     speculative_tokens: int = 3  # drafted tokens per step in the speculators config and serve commands
+    any_target: bool = False  # a co-trained eagle3 head for another target (runtime/heads/eagle3_binding.py)
     license: str | None = None
     push_to_hub: str | None = None
     private: bool = False
@@ -69,7 +70,7 @@ def export(req: ExportRequest) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
     tmp.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared
     try:
-        options = LayoutOptions(req.engine, req.verifier, req.target, req.speculative_tokens)
+        options = LayoutOptions(req.engine, req.verifier, req.target, req.speculative_tokens, req.any_target)
         written = layout.write(folder, tmp, options)
         facts = CardFacts(
             req.format,

@@ -21,6 +21,7 @@ from torch import nn
 
 from draftsmith.runtime.core.errors import DraftsmithError
 from draftsmith.train.eagle3_data import offline_batch, online_batch, pad_rows
+from draftsmith.train.eagle3_levers import Levers, pad_steps
 from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss
 
 
@@ -40,21 +41,29 @@ class TTTModel(nn.Module):
     """The head and its objective as one module, so DDP and DeepSpeed see one forward per micro-batch.
     The target's embedding and logits (final norm + LM head) are used frozen and are deliberately not
     submodules (never trained, sharded or saved). `options`: ttt_loss's keywords (logit_chunk,
-    attention, checkpoint_layers)."""
+    attention, checkpoint_layers, divergence, weights). The levers of train/eagle3_levers.py: `noise_std`
+    on the features in training forwards; `active_steps` (head.ttt_schedule's stage, set per optimizer
+    step) TTT steps in training, all `steps` in evaluation; the counts are padded to `steps`."""
 
-    def __init__(self, head: nn.Module, embed, target_logits, steps: int, decay: float, **options):
+    def __init__(
+        self, head: nn.Module, embed, target_logits, steps: int, decay: float, noise_std=0.0, **options
+    ):
         super().__init__()
         self.head, self.steps, self.decay, self.options = head, steps, decay, options
+        self.noise_std, self.active_steps = noise_std, steps
         self._frozen = [embed, target_logits]  # a list hides them from nn.Module registration
 
     def forward(self, input_ids, features, target_hidden, loss_mask, valid):
         """-> (weighted TTT loss, correct [K], counted [K])"""
         embed, target_logits = self._frozen
+        if self.training and self.noise_std > 0:  # EAGLE's feature noise (train/eagle3_levers.py)
+            features = features + self.noise_std * torch.randn_like(features)  # [B, T, A*Ht]
+        steps = self.active_steps if self.training else self.steps
         batch = TTTBatch(input_ids, features, target_hidden, loss_mask, valid)
         out = ttt_loss(
-            self.head, embed, batch, self.steps, self.decay, target_logits=target_logits, **self.options
+            self.head, embed, batch, steps, self.decay, target_logits=target_logits, **self.options
         )
-        return out.loss, out.correct, out.counted
+        return out.loss, pad_steps(out.correct, self.steps), pad_steps(out.counted, self.steps)
 
 
 def build_eagle3_head(cfg, target, aux_layers, vocab_dir):
@@ -106,19 +115,44 @@ class Eagle3Kind:
         self.target, self.aux = target, aux_layers
         self.head = build_eagle3_head(cfg, target, aux_layers, paths.vocab)
         t = cfg.train
+        self.levers = lever = Levers.from_config(cfg)  # head.loss, ttt_schedule, ttt_weights, noise_std
         self.model = TTTModel(
             self.head, target.embed, target.logits, t.ttt_steps, t.step_decay, logit_chunk=t.logit_chunk,
             attention=t.ttt_attention, checkpoint_layers=t.activation_checkpointing,
+            noise_std=lever.noise_std, divergence=lever.loss, weights=lever.weights,
         )  # fmt: skip
         self.depth = cfg.train.ttt_steps
+        self.cotrain, self.peft_model = cfg.cotrain.enabled, None
+        if self.cotrain:  # the target trains with the head: L_next + w * L_eagle3 (train/eagle3_cotrain.py)
+            from draftsmith.train.eagle3_cotrain import cotrain_model
+
+            self.model, self.peft_model = cotrain_model(cfg, target, self.model, aux_layers)
+
+    def begin_step(self, step: int) -> None:
+        """head.ttt_schedule's stage for optimizer step `step` (0-based; a function of the step only)."""
+        self.model.active_steps = self.levers.steps_at(step, self.depth)
+
+    def log_fields(self) -> dict:
+        return {"ttt_steps": self.model.active_steps}
 
     def batch(self, rows, device) -> dict:
+        if self.cotrain:  # ids and masks only: the co-trained target runs inside the model's forward
+            from draftsmith.train.eagle3_cotrain import cotrain_batch
+
+            return cotrain_batch(rows, device)
         return make_batch(self.target, rows, self.aux, device)
 
     def save_final(self, state: dict, folder) -> None:
+        """The head to `folder`; co-trained, the target (adapters merged) to `folder/target` first and the
+        head bound to its weights hash (train/eagle3_cotrain.py)."""
         from draftsmith.runtime.heads.eagle3 import save_head
 
-        save_head(load_partial(self.head.__class__(self.head.config), state, "head."), folder)
+        head = load_partial(self.head.__class__(self.head.config), state, "head.")
+        if self.cotrain:
+            from draftsmith.train.eagle3_cotrain import save_cotrained
+
+            head = save_cotrained(head, self.target, self.peft_model, folder, self.model.original_hash)
+        save_head(head, folder)
 
 
 # ---- MTP ----------------------------------------------------------------------------------------------

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from draftsmith.runtime.core.errors import DraftsmithError
 from draftsmith.runtime.heads import head_kinds
+from draftsmith.train.dflash_objective import DFlashKind
 from draftsmith.train.heads import Eagle3Kind, MtpKind
 from draftsmith.train.medusa_objective import MedusaKind
+from draftsmith.train.peagle_objective import PEagleKind
 
 # one entry per kind
-OBJECTIVES: dict[str, type] = {cls.kind: cls for cls in (Eagle3Kind, MtpKind, MedusaKind)}
+OBJECTIVES: dict[str, type] = {
+    cls.kind: cls for cls in (Eagle3Kind, MtpKind, MedusaKind, PEagleKind, DFlashKind)
+}
 
 
 def objective(name: str) -> type:

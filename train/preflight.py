@@ -35,6 +35,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.train.preflight_bytes import (  # noqa: F401 (Term, count: re-exported)
+    Term,
+    act_bytes,
+    count,
+    kernel_saved,
+    layer_saved,
+    linear_inputs,
+    norm_saved,
+    ttt_kernel,
+)
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters, lora_parameters
 
 # DeepSpeed's defaults (its zero_optimization docs): reduce_bucket_size and stage3_max_live_parameters.
@@ -123,14 +133,6 @@ class Setup:
 
 
 @dataclass
-class Term:
-    name: str
-    bytes: float  # per rank
-    how: str  # the formula, in words
-    phase: str  # resident | batch | step
-
-
-@dataclass
 class Estimate:
     shapes: TargetShapes
     knobs: Knobs
@@ -156,66 +158,6 @@ class Estimate:
             peak = [t for t in self.terms if t.phase == "step"]
         terms = [t for t in self.terms if t.phase == "resident"] + peak
         return sorted(terms, key=lambda t: -t.bytes)[:n]
-
-
-def count(n: float) -> str:
-    """A parameter count: 70.55B, 1208.0M, 0.06M."""
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
-
-
-# ---- bytes per token saved for backward -----------------------------------------------------------------
-def act_bytes(mode: str) -> int:
-    return 4 if mode == "fp32" else 2
-
-
-def norm_saved(mode: str, width: int, grad_in: bool) -> int:
-    """transformers' RMSNorm over `width`: fp32 keeps its input (pow, mul; when it needs a gradient) and
-    x * rsqrt (for the weight); half/amp keep an fp32 copy of the input and a half copy of x * rsqrt."""
-    if mode == "fp32":
-        return 4 * width * (2 if grad_in else 1)
-    return (4 * width if grad_in else 0) + 2 * width
-
-
-def linear_inputs(mode: str, width: int, consumers: int) -> int:
-    """What `consumers` Linears reading one fp32 `width`-wide tensor keep: the tensor (fp32, half) or,
-    under autocast, one half copy each (autocast caches the casts of parameters only)."""
-    return {"fp32": 4 * width, "amp": 2 * width * consumers, "half": 2 * width}[mode]
-
-
-def layer_saved(s: TargetShapes, mode: str, count_input: bool, qk_norm: bool = False) -> int:
-    """A pre-norm decoder layer without its attention kernel: input norm and q/k/v inputs (unless the
-    caller counts them), q/k norms (Qwen3's blocks; EAGLE-3's layers have none), o_proj's input, the
-    post-attention norm, gate/up inputs and the gated MLP's four [I] tensors."""
-    a, h = act_bytes(mode), s.hidden
-    total = norm_saved(mode, h, True) + linear_inputs(mode, h, 3) if count_input else 0
-    if qk_norm:
-        total += norm_saved(mode, s.q_width + s.kv_width, True)
-    total += a * s.q_width  # the attention output, transposed into o_proj: a copy
-    total += norm_saved(mode, h, True) + linear_inputs(mode, h, 2)
-    return total + 4 * a * s.intermediate  # gate, up, silu(gate), silu(gate) * up
-
-
-def kernel_saved(
-    kind: str, s: TargetShapes, mode: str, length: int, keys: int, mask_bytes: float = 0
-) -> float:
-    """What SDPA keeps per query token over `keys` keys per row. "flash" (a fused kernel, CPU or GPU):
-    q, k, v, out, logsumexp, and the mask it was given (`mask_bytes`: CPU keeps a bool mask as fp32);
-    "repeated": the same with k and v repeated to every query head (what transformers does for a masked
-    grouped-query attention); "math" (torch's fallback for a mask with grouped-query attention on GPUs:
-    flash takes no mask, the memory-efficient kernel no GQA, as transformers' sdpa_attention.py notes):
-    the fp32 upcast (torch's default for half inputs) of q, and of k and v repeated, and the fp32 scores."""
-    a, per_key = act_bytes(mode), keys / length
-    if kind == "math":
-        return 4 * s.q_width * (1 + 2 * per_key) + 4 * s.heads * keys
-    kv = s.q_width if kind == "repeated" else s.kv_width  # transformers repeats k/v for a masked GQA
-    return 2 * a * s.q_width + 2 * a * kv * per_key + 4 * s.heads + mask_bytes
-
-
-def ttt_kernel(s: TargetShapes, device: str) -> str:
-    """The SDPA kernel of a TTT step (a dense boolean [T, (k+1)T] mask, train/eagle3_objective.py)."""
-    if device == "cpu":
-        return "flash"  # the CPU flash kernel takes a mask and GQA
-    return "math" if s.heads != s.kv_heads else "flash"
 
 
 # ---- the estimate ---------------------------------------------------------------------------------------
@@ -512,9 +454,36 @@ def medusa_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
 
 
 def eagle3_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
+    if k.cotrain is not None:  # train/eagle3_cotrain.py: the target runs in the step, with gradients
+        batch = [t for t in eagle3_batch_terms(s, k, setup) if t.name != "target forward (no_grad)"]
+        return target_terms(s, k, setup) + batch + eagle3_step_terms(s, k, setup)
     return eagle3_batch_terms(s, k, setup) + eagle3_step_terms(s, k, setup)
+
+
+def dflash_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
+    """One DFlash micro-batch: EAGLE-3's batch (the same inputs), then Q = B x anchors x S block queries
+    through the draft layers (Qwen3 layers: q/k norms) over T + Q keys with a dense boolean mask (fp32 on
+    CPU), the teacher's draft-vocab distributions at every position and the loss over the Q rows."""
+    o = k.options
+    size, layers, anchors = o.get("block_size", 16), o.get("num_layers", 1), o.get("max_anchors", 32)
+    queries, a = k.batch * min(anchors, k.length) * size, act_bytes(setup.mode)
+    keys = k.length + queries // k.batch
+    per_layer = layer_saved(s, setup.mode, True, qk_norm=True) + 2 * a * s.q_width + 4 * s.heads
+    mask = queries * keys * (4 if setup.device == "cpu" else 1)
+    vd = k.draft_vocab
+    return eagle3_batch_terms(s, k, setup) + [
+        Term(
+            "block activations",
+            queries * layers * per_layer,
+            f"{queries} queries x {layers} layer(s)",
+            "step",
+        ),
+        Term("block attention mask", mask, f"Q x (T + Q/B) = {queries} x {keys}", "step"),
+        Term("teacher distributions", k.batch * k.length * 4 * vd, f"B x T x Vd fp32, Vd = {vd}", "step"),
+        Term("loss tensors", queries * 12 * vd, "Q x Vd: logits, log-softmax, targets (fp32)", "step"),
+    ]
 
 
 # The terms of each kind's `memory` (its objective declares it, train/objectives.py); a kind whose memory
 # differs from these adds its own.
-MEMORY_TERMS = {"ttt": eagle3_terms, "modules": mtp_terms, "heads": medusa_terms}
+MEMORY_TERMS = {"ttt": eagle3_terms, "modules": mtp_terms, "heads": medusa_terms, "blocks": dflash_terms}

@@ -3,7 +3,7 @@
     draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 output_dir=runs/smoke
     accelerate launch --config_file configs/accelerate/ddp-cpu.yaml -m draftsmith.train --config ...
 
-A run: load the target (frozen, or made trainable for co-training: MTP, Medusa-2; in offline mode only its
+A run: load the target (frozen, or made trainable for co-training: MTP, Medusa-2, EAGLE-3; offline only its
 embedding, final norm and LM head, `runtime/core/target_parts.py`), run the data steps it needs
 (cached), build the head and its objective (`objectives.objective(head.type)`, train/heads.py), then
 AdamW with linear warmup and cosine decay, gradient accumulation and clipping. Every `log.every` steps a row

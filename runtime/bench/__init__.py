@@ -4,5 +4,6 @@
 `methods` (the methods it times), `types` (what every method returns), `compare` (summaries, greedy
 identity, side-by-side rows), `report` (results.json, report.md, plots), `prompt_sets` (held-out prompt
 sets), `roofline` (what plain decoding could reach), `side_by_side` and `speed` (timing against
-transformers), `vllm_method` (vLLM baselines through runtime/workers/vllm_worker.py).
+transformers), `vllm_method` (vLLM baselines through runtime/workers/vllm_worker.py), `ssd_replay` (the
+SSD replay simulator: recorded cycles + a hardware pair's costs -> predicted tokens/s).
 """

@@ -97,14 +97,20 @@ def weight_bytes(model: torch.nn.Module) -> tuple[int, int]:
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight.data_ptr() == embed.data_ptr()
+    # weight-only quantized linears (runtime/core/quantize.py): a step reads their quantized buffers; an
+    # fp32 weight one keeps readable (the LM head's, tied: the embedding) is not read by the step
+    quantized = [m for m in model.modules() if hasattr(m, "read_bytes")]
+    kept = {m.weight.data_ptr() for m in quantized if m.weight.numel()}
     for p in model.parameters():
         if p.data_ptr() in seen:
             continue
         seen.add(p.data_ptr())
         params += p.numel()
-        if p is embed and not tied:
+        if (p is embed and not tied) or p.data_ptr() in kept:
             continue
         total += p.numel() * p.element_size()
+    total += sum(m.read_bytes() for m in quantized)
+    params += sum(m.weights_in_buffers for m in quantized)
     return total, params
 
 

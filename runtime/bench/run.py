@@ -23,6 +23,7 @@ import torch
 
 from draftsmith.runtime.bench.compare import check_request_inputs
 from draftsmith.runtime.core.errors import BadInputError, check_output_dir
+from draftsmith.runtime.core.quantize import own_linears, parse_quantize, quantize_draft, quantize_target
 from draftsmith.runtime.drafters.drafting import default_trees
 
 log = logging.getLogger("draftsmith")
@@ -54,6 +55,11 @@ class BenchRequest:
         "sdpa"  # the target's masked attention: sdpa, triton or flex (runtime/core/kernel_attention.py)
     )
     command: str = ""
+    # weight-only quantization (runtime/core/quantize.py) of the target (every method's) and of the drafts
+    quantize: str = "none"
+    group_size: int | None = None
+    quantize_draft: str = "none"
+    draft_group_size: int | None = None
 
     def method_specs(self) -> list[str]:
         specs = ["plain", *[b for b in self.baselines if b != "plain"]]
@@ -99,7 +105,10 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     check_request_inputs(req.temperatures, req.batch_sizes or [1], req.max_new_tokens, req.repeats)
     convs = load_bench_prompts(req.prompts, req.num_prompts, req.categories)
     specs = req.method_specs()
+    quant, draft_quant = check_quantize(req, specs)
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
+    if quant is not None:  # before the methods: their verify costs and drafters see the quantized target
+        quantize_target(target, quant)
     if req.attention != "sdpa":
         from draftsmith.runtime.core.kernel_attention import use_kernel_attention
 
@@ -109,7 +118,17 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)
     log.info("bench: %d prompts from %s; methods: %s", len(convs), req.prompts, ", ".join(specs))
     methods = {spec: build_method(spec, target, req.batch_sizes) for spec in specs}
+    drafts = {}  # method -> its draft's quantization; drafters without weights (ngram, self:) run as they are
+    for spec, method in methods.items():
+        drafter = getattr(method, "drafter", None)
+        if draft_quant is not None and own_linears(drafter, target)[1]:
+            drafts[spec] = quantize_draft(drafter, target, draft_quant, spec).label
+    if draft_quant is not None and not drafts:
+        raise BadInputError(
+            "--quantize-draft", req.quantize_draft, "a --draft with weights (a head, model:TARGET)"
+        )
     meta = run_meta(req, target, convs)
+    meta["quantization"] = {"target": target.quantization, "drafts": drafts}
     rows: list[dict] = []
     try:
         for temperature in req.temperatures:
@@ -122,6 +141,24 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     if req.roofline:  # after the timed runs: the measurement loads the machine
         meta["roofline"] = roofline_lines(target, req, meta["prompt_tokens_mean"])
     return write_report(Path(req.out), rows, meta, plots=req.plots)
+
+
+def check_quantize(req: BenchRequest, specs: list[str]):
+    """(target spec, draft spec) of --quantize / --quantize-draft (None: off); vLLM's rows would load the
+    checkpoint unquantized, so they are refused with a quantized target."""
+    quant = parse_quantize(req.quantize, req.group_size)
+    draft_quant = parse_quantize(req.quantize_draft, req.draft_group_size, "--quantize-draft")
+    engines = [s for s in specs if s.startswith("vllm")]
+    if quant is not None and engines:
+        raise BadInputError(
+            "--baselines",
+            engines,
+            f"no vLLM rows with --quantize {req.quantize}",
+            "vLLM loads the unquantized checkpoint",
+        )
+    if draft_quant is not None and not req.drafts:
+        raise BadInputError("--quantize-draft", req.quantize_draft, "a --draft with a model to quantize")
+    return quant, draft_quant
 
 
 def run_meta(req: BenchRequest, target, convs) -> dict:

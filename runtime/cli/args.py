@@ -52,3 +52,36 @@ def add_attention_arg(p: argparse.ArgumentParser) -> None:
         "(default), triton (draftsmith's kernel on CUDA, its reference elsewhere) or flex (FlexAttention, "
         "compiled on CUDA); unmasked causal steps stay on SDPA",
     )
+
+
+def add_quantize_args(p: argparse.ArgumentParser) -> None:
+    """--quantize / --quantize-draft: weight-only quantization (runtime/core/quantize.py)."""
+    modes = ["none", "int8", "int4", "fp8"]
+    p.add_argument(
+        "--quantize",
+        choices=modes,
+        default="none",
+        help="weight-only quantization of the target's linears and LM head: int8 (per channel) or int4 "
+        "(groups of --group-size) on a CPU, fp8 (e4m3) on CUDA with compute capability >= 8.9; speculation "
+        "stays lossless against the quantized target (heads trained on the unquantized one bind to it)",
+    )
+    p.add_argument(
+        "--group-size",
+        type=int_arg("--group-size"),
+        default=None,
+        help="int4 inputs per scale: 32, 64, 128 or 256, dividing every layer's in_features; default 128 "
+        "where it divides them, else the largest that does (SmolLM2-135M's 576: 64)",
+    )
+    p.add_argument(
+        "--quantize-draft",
+        choices=modes,
+        default="none",
+        help="weight-only quantization of the drafter's own linears (a head's, a model: draft LM's), never "
+        "the target's; moves acceptance only",
+    )
+    p.add_argument(
+        "--draft-group-size",
+        type=int_arg("--draft-group-size"),
+        default=None,
+        help="--group-size for the draft",
+    )

@@ -6,7 +6,13 @@ import argparse
 import shlex
 
 from draftsmith.runtime.bench.types import BASELINE_KINDS, is_baseline
-from draftsmith.runtime.cli.args import Formatter, add_attention_arg, add_target_args, int_arg
+from draftsmith.runtime.cli.args import (
+    Formatter,
+    add_attention_arg,
+    add_quantize_args,
+    add_target_args,
+    int_arg,
+)
 from draftsmith.runtime.core.errors import BadInputError
 
 
@@ -63,6 +69,7 @@ def add_bench(sub) -> None:
     )
     add_target_args(p)
     add_attention_arg(p)
+    add_quantize_args(p)
     p.add_argument(
         "--draft",
         action="append",
@@ -135,6 +142,10 @@ def run_bench_cli(args: argparse.Namespace) -> None:
         device=args.device,
         dtype=args.dtype,
         attention=args.attention,
+        quantize=args.quantize,
+        group_size=args.group_size,
+        quantize_draft=args.quantize_draft,
+        draft_group_size=args.draft_group_size,
         command="draftsmith " + " ".join(shlex.quote(a) for a in args.argv),
     )
     run_bench(request)

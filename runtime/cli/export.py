@@ -3,8 +3,52 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from draftsmith.runtime.cli.args import Formatter
+
+INTRO = (
+    "Export a head folder (or a run folder: its final/) in a layout engines load. Every export is\n"
+    "read back and compared tensor by tensor before it is renamed into place, and gets a README.md\n"
+    "model card (Hub metadata, training data, measured tau/speedup when --bench is given, serve\n"
+    "commands for vLLM and SGLang)."
+)
+EXAMPLES = (
+    "examples:\n"
+    "  draftsmith export runs/eagle3-smollm2-135m --format eagle3 --out exports/eagle3-sglang\n"
+    "  draftsmith export runs/eagle3-smollm2-135m --format eagle3 --engine vllm --out exports/vllm\n"
+    "  draftsmith export runs/eagle3-smollm2-135m --format speculators --out exports/spec \\\n"
+    "      --bench runs/bench-eagle3/compare-sharegpt.json --push-to-hub me/smol-eagle3 --private\n"
+    "  draftsmith export runs/mtp-smollm2-135m --format mtp --out exports/mtp-deepseek\n"
+    "  draftsmith export runs/medusa-smollm2-135m --format medusa --out exports/medusa-vllm"
+)
+
+
+def formats_text(width: int = 100) -> str:
+    """The `formats:` section: every layout of the registry, the kinds it fits and its `about` line."""
+    from draftsmith.runtime.heads import head_kinds  # imports torch: only when the help is printed
+
+    lines = ["formats:"]
+    for name, kinds in head_kinds.formats().items():
+        layout = head_kinds.get(kinds[0]).all_layouts()[name]
+        fits = "every kind" if name == "draftsmith" else ", ".join(kinds)
+        text = f"({fits}) {layout.about}".strip()
+        wrapped = textwrap.wrap(text, width - 15) or [""]
+        lines.append(f"  {name:<12} {wrapped[0]}")
+        lines += [" " * 15 + more for more in wrapped[1:]]
+    return "\n".join(lines)
+
+
+def lazy_formats(parser: argparse.ArgumentParser) -> None:
+    """Fill the description's {formats} only when help is printed: the CLI module stays free of torch
+    (tests/test_imports.py), and the list stays the registry's (runtime/heads/head_kinds.py)."""
+    template, format_help = parser.description, parser.format_help
+
+    def with_formats() -> str:
+        parser.description = template.replace("{formats}", formats_text())
+        return format_help()
+
+    parser.format_help = with_formats
 
 
 def add_export(sub) -> None:
@@ -12,33 +56,13 @@ def add_export(sub) -> None:
         "export",
         help="write a trained head in an engine's layout (with a model card); push it to the Hub",
         formatter_class=Formatter,
-        description=(
-            "Export a head folder (or a run folder: its final/) in a layout engines load. Every export is\n"
-            "read back and compared tensor by tensor before it is renamed into place, and gets a README.md\n"
-            "model card (Hub metadata, training data, measured tau/speedup when --bench is given, serve\n"
-            "commands for vLLM and SGLang).\n\n"
-            "formats:\n"
-            "  draftsmith   our folder (config.json + model.safetensors), what --draft eagle3:/mtp: reads\n"
-            "  eagle3       official / SGLang EAGLE-3 layout (LlamaForCausalLMEagle3, midlayer.*, d2t);\n"
-            "               vLLM's `method: eagle3` loads it too. Aux-layer ids mean different tensors\n"
-            "               in SGLang (output of layer X) and vLLM (input to layer X): --engine picks\n"
-            "               whose convention to write\n"
-            "  speculators  vLLM's native layout (speculators_config, layers.0.*, aux ids in vLLM's\n"
-            "               convention): `vllm serve DIR`\n"
-            "  mtp          MTP modules in DeepSeek's layout: the target plus layers L..L+M-1 and\n"
-            "               num_nextn_predict_layers (draftsmith generate --target DIR --draft mtp:DIR)\n"
-            "  mtp-mimo     one MTP module in MiMo's layout (the target as MiMoForCausalLM: Qwen2 with zero\n"
-            '               q/k/v biases): vllm serve DIR --speculative-config \'{"method": "mtp", ...}\'\n\n'
-            "examples:\n"
-            "  draftsmith export runs/eagle3-smollm2-135m --format eagle3 --out exports/eagle3-sglang\n"
-            "  draftsmith export runs/eagle3-smollm2-135m --format eagle3 --engine vllm --out exports/vllm\n"
-            "  draftsmith export runs/eagle3-smollm2-135m --format speculators --out exports/spec \\\n"
-            "      --bench runs/bench-eagle3/compare-sharegpt.json --push-to-hub me/smol-eagle3 --private\n"
-            "  draftsmith export runs/mtp-smollm2-135m --format mtp --out exports/mtp-deepseek"
-        ),
+        description=INTRO + "\n\n{formats}\n\n" + EXAMPLES,  # formats: from the registry, when printed
     )
+    lazy_formats(p)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a head folder or a run folder (uses final/)")
-    p.add_argument("--format", default="draftsmith", help="draftsmith, eagle3, speculators, mtp or mtp-mimo")
+    p.add_argument(
+        "--format", default="draftsmith", help="an export layout of the head's kind (formats above)"
+    )
     p.add_argument("--out", required=True, help="the export folder (new or empty; see --overwrite)")
     p.add_argument(
         "--engine", default="sglang", help="eagle3 format: whose aux-id convention, sglang or vllm"
@@ -46,7 +70,17 @@ def add_export(sub) -> None:
     p.add_argument(
         "--verifier", help="speculators format: the verifier written in the config (default: target)"
     )
-    p.add_argument("--target", help="mtp format: the target to append the modules to (default: the head's)")
+    p.add_argument(
+        "--target",
+        help="mtp format: the target to append the modules to (default: the head's); eagle3 format of a "
+        "co-trained head: the target it is exported for (checked against the head's binding)",
+    )
+    p.add_argument(
+        "--any-target",
+        action="store_true",
+        help="a co-trained EAGLE-3 head: export it for a --verifier/--target other than its own co-trained "
+        "target (refused otherwise)",
+    )
     p.add_argument(
         "--num-speculative-tokens",
         type=int,
@@ -80,6 +114,7 @@ def run_export(args: argparse.Namespace) -> None:
             bench=args.bench,
             vllm_check=args.vllm_check,
             speculative_tokens=args.num_speculative_tokens,
+            any_target=args.any_target,
             license=args.license,
             push_to_hub=args.push_to_hub,
             private=args.private,

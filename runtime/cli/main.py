@@ -19,6 +19,7 @@ import time
 from draftsmith.runtime.cli.args import (
     Formatter,
     add_attention_arg,
+    add_quantize_args,
     add_target_args,
     finite_float_arg,
     int_arg,
@@ -26,10 +27,12 @@ from draftsmith.runtime.cli.args import (
 from draftsmith.runtime.cli.bench import add_bench
 from draftsmith.runtime.cli.data import add_data
 from draftsmith.runtime.cli.export import add_export
+from draftsmith.runtime.cli.ssd import add_ssd_args
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 
 DRAFT_HELP = (
-    "none (plain decoding), ngram (prompt lookup), self:layers=N (the target's first N layers), "
+    "none (plain decoding), ngram (prompt lookup), suffix[:depth=D,...] (suffix decoding: frequency trees "
+    "from the request's and earlier responses' suffix tries), self:layers=N (the target's first N layers), "
     "model:TARGET (a draft LM sharing the tokenizer), eagle3:DIR (an EAGLE-3 head: our folder, the "
     "official/SGLang or speculators layout, or a Hub id; #ids=input|output says how foreign aux-layer ids "
     "read), mtp:DIR (MTP "
@@ -94,12 +97,16 @@ def add_generate(sub) -> None:
         "graphs)",
     )
     add_attention_arg(p)
+    add_quantize_args(p)
+    add_ssd_args(p)  # runtime/cli/ssd.py
     p.set_defaults(run=run_generate)
 
 
 def run_generate(args: argparse.Namespace) -> None:
+    from draftsmith.runtime.cli import ssd as ssd_cli
     from draftsmith.runtime.core.engine import accept_rates, generate_plain
     from draftsmith.runtime.core.prompts import read_prompts_file
+    from draftsmith.runtime.core.quantize import parse_quantize, quantize_draft, quantize_target
     from draftsmith.runtime.core.speculative import generate_speculative
     from draftsmith.runtime.core.target import Target
     from draftsmith.runtime.drafters.drafting import build_drafter
@@ -117,12 +124,19 @@ def run_generate(args: argparse.Namespace) -> None:
     if args.batch_size < 1:
         raise BadInputError("--batch-size", args.batch_size, "an integer >= 1")
     texts = [args.prompt] if args.prompt is not None else read_prompts_file(args.prompts)
+    ssd_depth = ssd_cli.check_args(args, tree, auto_depth) if ssd_cli.uses_ssd(args) else None
+    quant = parse_quantize(args.quantize, args.group_size)  # runtime/core/quantize.py
+    draft_quant = parse_quantize(args.quantize_draft, args.draft_group_size, "--quantize-draft")
     target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    if quant is not None:  # before the drafter: a self: drafter runs the quantized layers too
+        quantize_target(target, quant)
     if args.attention != "sdpa":
         from draftsmith.runtime.core.kernel_attention import use_kernel_attention
 
         use_kernel_attention(target, args.attention)
-    drafter = build_drafter(args.draft, target, tree)
+    drafter = ssd_cli.build(args, target, ssd_depth) if ssd_depth else build_drafter(args.draft, target, tree)
+    if draft_quant is not None:
+        quantize_draft(drafter, target, draft_quant, args.draft)
     prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
     policy = None
     if auto_depth and drafter is not None:  # measured before the clock starts, like a server's start-up
@@ -135,17 +149,26 @@ def run_generate(args: argparse.Namespace) -> None:
     if drafter is None:
         results = generate_plain(target, prompt_ids, params, *run, progress=not args.json, static=static)
     else:
-        results = generate_speculative(
-            target, drafter, prompt_ids, params, *run, progress=not args.json, policy=policy, static=static
-        )
+        try:
+            results = generate_speculative(
+                target, drafter, prompt_ids, params, *run, not args.json, policy=policy, static=static
+            )
+        except BaseException:
+            if ssd_depth:
+                ssd_cli.abort(drafter)  # no drafter process outlives an error
+            raise
         if policy is not None:
             logging.getLogger("draftsmith").info(
                 "load-aware depth counts (0..%d): %s", auto_depth, policy.depth_counts
             )
     wall = time.perf_counter() - start
-    for text, res in zip(texts, results, strict=True):
+    ssd_metrics = ssd_cli.finish(args, drafter) if ssd_depth else []
+    for i, (text, res) in enumerate(zip(texts, results, strict=True)):
         if args.json:
-            print(json.dumps(result_row(target, text, res)), flush=True)
+            row = result_row(target, text, res)
+            if i // args.batch_size < len(ssd_metrics):  # hit rates, hidden draft time, target idle
+                row["ssd"] = ssd_metrics[i // args.batch_size]
+            print(json.dumps(row), flush=True)
         else:
             print(target.decode(res.token_ids), end="\n\n" if len(results) > 1 else "\n", flush=True)
     new = sum(r.new_tokens for r in results)
@@ -178,6 +201,7 @@ def result_row(target, prompt: str, res) -> dict:
         "mean_accepted": round(res.mean_accepted, 4),  # tau: 1.0 for plain decoding
         "accept_rate_per_position": [round(r, 4) for r in res.accept_rate_per_position],
         "cycles": len(res.accepted_lengths),
+        "accepted_lengths": res.accepted_lengths,  # per cycle (replays: runtime/bench/ssd_replay.py)
         "wall_s": round(res.wall_s, 4),
         "tokens_per_s": round(res.new_tokens / res.wall_s, 3),
     }

@@ -9,6 +9,7 @@
   parallel);
 - caches and attention: `kv_cache`, `masks`, `kernel_attention` (tree attention through draftsmith.kernels),
   `mla` (what an MLA target's cache holds: a latent and a rope key of two widths);
+- `quantize`: weight-only int8/int4 (CPU) and fp8 (CUDA) linears for the target and for drafts;
 - engines: `engine` (plain decoding), `speculative` (propose -> verify in one forward -> accept -> commit);
 - shared: `config` (strict dataclass + YAML configs), `errors` (exit code 2 for bad input), `prompts`
   (prompt files), `artifacts` (hashes, atomic tensor files, draft-vocabulary files).

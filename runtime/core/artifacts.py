@@ -175,6 +175,9 @@ def weights_hash(model) -> str:
     layers' query projections and the last layer's MLP down projection (its router where that layer is
     MoE: families.py `hash_tensors`), rounded to bfloat16 (so a float32 and a bfloat16 load of one
     checkpoint agree). Two fine-tunes of one base, or a co-trained target and its original, differ."""
+    source = getattr(model, "source_weights_hash", None)  # a quantized target's (runtime/core/quantize.py)
+    if source is not None:
+        return source
     pairs = family_of(model.config).hash_tensors(model.config)
     return _hash_parts([model.get_parameter(module) for module, _ in pairs])
 

@@ -148,6 +148,9 @@ class Target(TargetPieces):
         # tensor parallel (runtime/core/placement.py): this rank holds 1/tp_size of each layer, its group's
         # ranks run every forward together; `driver` is set while this rank drives the others
         self.tp_size, self.tp_group, self.driver = 1, None, None
+        # weight-only quantization (runtime/core/quantize.py): what runs, and the checkpoint's weights_hash
+        self.quantization: str | None = None
+        self.source_weights_hash: str | None = None
 
     @classmethod
     def load(
@@ -225,7 +228,10 @@ class Target(TargetPieces):
         return self.decoder.layers[index].state_dict()
 
     def weights_hash(self) -> str:
-        """artifacts.weights_hash of these weights (what an MTP head records; TargetParts gives the same)."""
+        """artifacts.weights_hash of these weights (what an MTP head records; TargetParts gives the same).
+        A quantized target answers its checkpoint's: heads bind to the weights they were trained with."""
+        if self.source_weights_hash is not None:
+            return self.source_weights_hash
         if self.tp_size > 1:
             names = weights_hash_names(self.num_layers, self.model.config)
             return weights_hash_of_tensors(self._read(names), self.num_layers, self.model.config)

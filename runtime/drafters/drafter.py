@@ -92,7 +92,9 @@ class Drafter:
 
 
 def count_params(module: torch.nn.Module) -> int:
-    return sum(p.numel() for p in {p.data_ptr(): p for p in module.parameters()}.values())
+    params = sum(p.numel() for p in {p.data_ptr(): p for p in module.parameters()}.values())
+    # weight-only quantized linears (runtime/core/quantize.py) hold their weights in buffers
+    return params + sum(getattr(m, "weights_in_buffers", 0) for m in module.modules())
 
 
 def param_ratio(module: torch.nn.Module, target) -> float:

@@ -9,6 +9,8 @@ Draft specs (docs/architecture.md, section 4):
 
     none            plain decoding
     ngram           prompt lookup in the context (no model)
+    suffix[:K=V,..] suffix decoding: frequency-ranked trees from suffix tries of the request and of earlier
+                    responses (no model; runtime/drafters/suffix.py lists the options)
     self:layers=N   the target's first N layers + its final norm and LM head (self-speculation)
     model:TARGET    a standalone draft LM sharing the target's tokenizer (alias, folder, Hub id, .gguf)
     KIND:DIR        a trained head of a registered kind (runtime/heads/head_kinds.py), e.g. eagle3:DIR (an
@@ -29,7 +31,7 @@ from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH  # noqa: F401 (re-exported)
 from draftsmith.runtime.verify.tree import TreeSpec, chain
 
-BASIC_SPECS = ("none", "ngram", "self:layers=N", "model:TARGET")
+BASIC_SPECS = ("none", "ngram", "suffix[:depth=D,requests=R,...]", "self:layers=N", "model:TARGET")
 
 
 def draft_specs() -> tuple[str, ...]:
@@ -62,6 +64,10 @@ def build_drafter(
         from draftsmith.runtime.drafters.ngram import NgramDrafter
 
         return NgramDrafter(tree)  # step_cost 0: a lookup, no model
+    if kind == "suffix":
+        from draftsmith.runtime.drafters.suffix import SuffixDrafter
+
+        return SuffixDrafter(tree, spec)  # step_cost 0: a lookup, no model
     if kind == "self" and sep:
         from draftsmith.runtime.drafters.lm_drafter import LMDrafter
 
@@ -77,7 +83,9 @@ def build_drafter(
     found = head_kinds.draft_kind(spec)
     if found is not None:
         head_kind, arg = found
-        return head_kind.make_drafter(arg, target, tree, device, dtype)
+        from draftsmith.runtime.heads.int8_folder import make_head_drafter  # an int8 folder loads as int8
+
+        return make_head_drafter(head_kind, arg, target, tree, device, dtype)
     raise BadInputError("--draft", spec, f"one of {', '.join(draft_specs())}")
 
 

@@ -61,6 +61,8 @@ def is_chain(tree: TreeSpec) -> bool:
 
 
 class LMDrafter(Drafter):
+    law_adjust = None  # (depth, q [B, F, V]) -> the law to draw from instead; set by SSD (drafters/ssd.py)
+
     def __init__(self, model: Target, tree: TreeSpec, num_layers: int | None = None, children: str = "auto"):
         super().__init__()
         if children not in CHILDREN_MODES:
@@ -141,10 +143,12 @@ class LMDrafter(Drafter):
         levels, cand = plan
         laws: list[torch.Tensor] = []  # per candidate 1.., the law q [B, V] it was drawn from (sampling)
         logits = logits[:, None]  # [B, F, V]
+        self.level_logits = []  # per forwarded level [B, F, V]: SSD ranks its outcome candidates on them
         for depth, (nodes, parents, counts) in enumerate(levels):
             if depth > 0:
                 logits = self._forward_level(self._level(depth, nodes))
-            tokens, q = self._children_on_device(logits, counts)  # [B, M]
+            self.level_logits.append(logits)
+            tokens, q = self._children_on_device(logits, counts, depth)  # [B, M]
             self.cycle.add(parents, tokens)
             if q is not None:
                 laws += [q[:, j] for j, c in enumerate(counts) for _ in range(c)]
@@ -246,7 +250,7 @@ class LMDrafter(Drafter):
         return Draft(tree, draft_tokens, torch.stack([torch.zeros_like(probs[0]), *probs]))  # [N, V]
 
     def _children_on_device(
-        self, logits: torch.Tensor, counts: list[int]
+        self, logits: torch.Tensor, counts: list[int], depth: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [B, F, V] after each frontier node, counts[j] children of node j -> their tokens
         [B, sum(counts)] on the device, node by node: the top-ranked (the argmax, first on ties, for one
@@ -254,6 +258,8 @@ class LMDrafter(Drafter):
         siblings), q [B, F, V] returned for the verifier."""
         if self.sample:
             q = logits_to_probs(logits, self.params)  # [B, F, V]
+            if self.law_adjust is not None:  # SSD's adjusted law (ssd.py): drawn from and recorded, both
+                q = self.law_adjust(depth, q)
             draws = [
                 torch.cat(
                     [

@@ -2,10 +2,13 @@
 
 - the registry: `head_kinds` (the one place that maps a kind's name to what it declares) with
   `head_kind` (what a kind declares: config section, module, drafter, export layouts, model-card words),
-  and the kinds `eagle3_kind`, `mtp_kind`, `medusa_kind`;
-- the heads: `eagle3`, `mtp` (with `mtp_config`, and `mtp_block`: its blocks per family, MoE or dense),
-  `medusa` (with its trees `medusa_tree`: cartesian and sparse), `aux_layers` (which target hidden
-  states feature heads read);
+  and the kinds `eagle3_kind`, `mtp_kind`, `medusa_kind`, `dflash_kind`, `peagle_kind`;
+- the heads: `eagle3` (with `eagle3_binding`: a co-trained head's binding to its target's weights),
+  `mtp` (with `mtp_config`, and `mtp_block`: its blocks per family, MoE or dense), `medusa` (with its
+  trees `medusa_tree`: cartesian and sparse), `dflash` (the DFlash block drafter),
+  `peagle` (P-EAGLE: the EAGLE-3 head drafting K positions in one forward), `aux_layers` (which
+  target hidden states feature heads read);
 - engine layouts: `layouts` (EAGLE-3: vLLM, SGLang, speculators), `mtp_layout` (DeepSeek-V3's),
-  `medusa_layout` (vLLM's medusa, FasterDecoding's on import).
+  `medusa_layout` (vLLM's medusa, FasterDecoding's on import), `dflash_layout` (speculators', z-lab's);
+- `int8_folder`: any kind's head stored int8 in draftsmith's folder, loaded as int8 by `--draft`.
 """

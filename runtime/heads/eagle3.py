@@ -80,6 +80,10 @@ class Eagle3Config:
     norm_output: bool = False
     # the target's text model_type (runtime/core/families.py); None in folders written before it existed
     target_model_type: str | None = None
+    # co-trained with its target (train/eagle3_cotrain.py): `target` names that target's folder (the run's
+    # final/target) and `target_weights_hash` its weights, so another target is refused (None: not bound)
+    target_weights_hash: str | None = None
+    cotrained: bool = False
 
     @classmethod
     def for_target(
@@ -352,7 +356,12 @@ def load_head(folder: str | Path, target=None) -> Eagle3Head:
     return head.eval()
 
 
-def check_head_matches_target(config: Eagle3Config, target) -> None:
+def check_head_matches_target(config: Eagle3Config, target, any_target: bool = False) -> None:
+    """The head against `target`; a co-trained head also against its weights hash, unless `any_target`
+    (`--draft eagle3:DIR#any-target`: pair it with another target knowingly, still lossless)."""
+    from draftsmith.runtime.heads.eagle3_binding import check_bound_target
+
+    check_bound_target(config, target, any_target)
     checks = [
         ("vocab_size", config.vocab_size, target.vocab_size),
         ("target_hidden_size", config.target_hidden_size, target.hidden_size),

@@ -26,6 +26,7 @@ from draftsmith.runtime.core.artifacts import (
     parameter_summary,
 )
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.heads.eagle3_binding import binding_details, check_export_target
 from draftsmith.runtime.heads.head_kind import (
     HeadKind,
     HeadSection,
@@ -50,12 +51,24 @@ class Eagle3Section(HeadSection):
     norm_before_fc: bool = False  # EAGLE-3.1: one RMSNorm over the concatenated aux states before fc
     num_layers: int = 1  # draft decoder layers (the first reads [embedding; feature])
     norm_output: bool = False  # EAGLE-3.1: feed the final-normed output back across TTT steps
+    # Training levers (train/eagle3_levers.py, checked there against train.ttt_steps): the loss per TTT step
+    # (train/draft_losses.py: kl = forward KL as soft cross-entropy, rkl, jsd, tv = 1 - acceptance,
+    # lk_hybrid = arXiv:2602.23881's KL/TV blend), TTT steps by training progress ("3,7@0.3": 3 steps,
+    # then train.ttt_steps=7 from 30% of train.max_steps; "" = always ttt_steps) and one loss weight per
+    # TTT step (null: train.step_decay**k)
+    loss: Literal["kl", "rkl", "jsd", "tv", "lk_hybrid"] = "kl"
+    ttt_schedule: str = ""
+    ttt_weights: list[float] | None = None
 
     def validate(self) -> Eagle3Section:
         super().validate()
         if self.num_layers < 1:
             raise BadInputError("head.num_layers", self.num_layers, "an integer >= 1")
         return self
+
+    def check_run(self, cfg) -> None:
+        if cfg.cotrain.enabled and cfg.cotrain.self_distill:  # built for Medusa-2 only (train/medusa2.py)
+            raise BadInputError("cotrain.self_distill", True, "false for head.type=eagle3 (it is Medusa-2's)")
 
     def head_options(self) -> dict:
         """Eagle3Config.for_target's keywords (the trainer and the memory preflight build the same head)."""
@@ -102,6 +115,7 @@ def _write(head: Eagle3Head, config: dict, tensors: dict, out: Path, what: str, 
     details = [
         f"aux layers (0-based decoder-layer outputs): {c.aux_layer_ids}; written as {ids} for {engine}",
         f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens (`d2t`)",
+        *binding_details(c),  # a co-trained head: which target serves it (runtime/heads/eagle3_binding.py)
     ]
     return Written(c.target, asdict(c), parameter_summary(tensors), details)
 
@@ -112,6 +126,7 @@ def write_official(folder: Path, out: Path, options: LayoutOptions) -> Written:
     from draftsmith.runtime.heads.layouts import to_official
 
     head = load_head(folder)
+    check_export_target(head.config, options.target, "--target", options.any_target, folder)
     config, tensors = to_official(head, engine=options.engine)
     written = _write(head, config, tensors, out, "eagle3", options.engine)
     written.engine = options.engine
@@ -124,6 +139,7 @@ def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Writte
     from draftsmith.runtime.heads.layouts import to_speculators
 
     head = load_head(folder)
+    check_export_target(head.config, options.verifier, "--verifier", options.any_target, folder)
     facts = _verifier_facts(options.verifier or head.config.target)
     config, tensors = to_speculators(head, options.verifier, options.speculative_tokens, **facts)
     return _write(head, config, tensors, out, "speculators", "speculators")
@@ -184,11 +200,24 @@ KIND = HeadKind(
     module_class=_module,
     section=Eagle3Section,
     make_drafter=make_drafter,
+    cotrain=True,  # the target may train with the head (train/eagle3_cotrain.py)
     spec="eagle3:DIR",
     layouts={
-        "eagle3": Layout(write=write_official, read=read_any, serve=serve_official),
+        "eagle3": Layout(
+            write=write_official,
+            read=read_any,
+            serve=serve_official,
+            about="official / SGLang EAGLE-3 layout (LlamaForCausalLMEagle3, midlayer.*, d2t); vLLM's "
+            "`method: eagle3` loads it too. Aux-layer ids mean different tensors in SGLang (output of "
+            "layer X) and vLLM (input to layer X): --engine picks whose convention to write",
+        ),
         "speculators": Layout(
-            write=write_speculators, read=read_any, serve=serve_speculators, reads="verifier"
+            write=write_speculators,
+            read=read_any,
+            serve=serve_speculators,
+            reads="verifier",
+            about="vLLM's native layout (speculators_config, layers.0.*, aux ids in vLLM's convention): "
+            "`vllm serve DIR`",
         ),
     },
 )

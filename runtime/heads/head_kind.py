@@ -63,6 +63,7 @@ class LayoutOptions:
     verifier: str | None = None  # speculators: the verifier path or Hub id written into the config
     target: str | None = None  # mtp: the target whose weights are appended (default: the head's own)
     speculative_tokens: int = 3  # drafted tokens per step in configs and serve commands
+    any_target: bool = False  # a co-trained eagle3 head for a target other than its own (eagle3_binding)
 
 
 @dataclass
@@ -101,12 +102,14 @@ class Layout:
     """One export layout: `write(head_folder, out, options) -> Written` writes it into `out` and reads it
     back with `read` (comparing tensor by tensor); `read(folder, target=None)` is what `--draft` loads;
     `serve(ServeArgs)` is the card's serve section; `reads` names the option (`verifier` or `target`) whose
-    folder it reads besides the head, so export keeps `--out` apart from it."""
+    folder it reads besides the head, so export keeps `--out` apart from it; `about` is its line in
+    `draftsmith export --help` (which lists the registry's layouts)."""
 
     write: Callable[[Path, Path, LayoutOptions], Written]
     read: Callable
     serve: Callable[[ServeArgs], str]
     reads: str | None = None
+    about: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,11 +136,14 @@ class HeadKind:
         def read(folder, target=None):
             return self.module.from_pretrained(folder, target)
 
-        own = Layout(write=copy_own_folder, read=read, serve=serve_own)
+        own = Layout(write=copy_own_folder, read=read, serve=serve_own, about=OWN_ABOUT)
         return {"draftsmith": own, **self.layouts}
 
 
 # ---- draftsmith's own layout, the same for every kind -----------------------------------------------------
+OWN_ABOUT = "our folder (config.json + model.safetensors), what --draft KIND:DIR reads"
+
+
 def copy_own_folder(folder: Path, out: Path, options: LayoutOptions) -> Written:
     """Our folder as it is (config.json, model.safetensors, a co-trained target/), without its card."""
     for item in folder.iterdir():

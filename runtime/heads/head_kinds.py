@@ -18,12 +18,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.heads.dflash_kind import KIND as DFLASH
 from draftsmith.runtime.heads.eagle3_kind import KIND as EAGLE3
 from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH, HeadKind, HeadSection
 from draftsmith.runtime.heads.medusa_kind import KIND as MEDUSA
 from draftsmith.runtime.heads.mtp_kind import KIND as MTP
+from draftsmith.runtime.heads.peagle_kind import KIND as PEAGLE
 
-KINDS: dict[str, HeadKind] = {kind.name: kind for kind in (EAGLE3, MTP, MEDUSA)}  # one entry per kind
+KINDS: dict[str, HeadKind] = {kind.name: kind for kind in (EAGLE3, MTP, MEDUSA, PEAGLE, DFLASH)}  # one each
 DEFAULT_KIND = EAGLE3.name  # a train config without head.type
 
 

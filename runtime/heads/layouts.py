@@ -96,7 +96,13 @@ def _provenance(cfg: Eagle3Config) -> dict:
         "aux_layer_ids": list(cfg.aux_layer_ids),
         "aux_layer_convention": AUX_LAYER_CONVENTION,
         "aux_layer_ids_by_engine": engine_layer_ids(cfg.aux_layer_ids),
+        **_binding(cfg),
     }
+
+
+def _binding(cfg: Eagle3Config) -> dict:
+    """A co-trained head's binding (runtime/heads/eagle3_binding.py), only where there is one."""
+    return {"target_weights_hash": cfg.target_weights_hash, "cotrained": True} if cfg.cotrained else {}
 
 
 def _norm_flags(cfg: Eagle3Config, official: bool = False) -> dict:
@@ -227,7 +233,12 @@ def _rename(name: str, old: str, new: str) -> str:
 
 
 def from_layout(
-    config: dict, tensors: dict[str, torch.Tensor], target=None, ids: str = "auto", name: str = "eagle3 head"
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    target=None,
+    ids: str = "auto",
+    name: str = "eagle3 head",
+    any_target: bool = False,  # a co-trained head with another target (runtime/heads/eagle3_binding.py)
 ) -> Eagle3Head:
     """Any supported layout -> our head, strictly validated (names, shapes, d2t/t2d, sizes vs target).
 
@@ -239,7 +250,7 @@ def from_layout(
     else:
         cfg = _config_from_engine(config, layout, target, ids)
     if target is not None:
-        check_head_matches_target(cfg, target)
+        check_head_matches_target(cfg, target, any_target)
         _check_embedding(tensors.get("embed_tokens.weight"), target)
     head = Eagle3Head(cfg)
     tensors = _our_names(tensors, layout, cfg)
@@ -280,6 +291,8 @@ def _config_from_engine(config: dict, layout: str, target, ids: str) -> Eagle3Co
         norm_before_residual=bool(config.get("norm_before_residual", layout == "speculators")),
         num_layers=layers,
         norm_output=bool(config.get("norm_output")),
+        target_weights_hash=ours.get("target_weights_hash"),
+        cotrained=bool(ours.get("cotrained", False)),
     )
 
 
@@ -342,12 +355,19 @@ def _our_names(tensors: dict[str, torch.Tensor], layout: str, cfg: Eagle3Config)
 
 def load_eagle3(source: str, target=None) -> Eagle3Head:
     """`--draft eagle3:SOURCE`: a folder in any supported layout or a Hub id (downloaded with
-    huggingface_hub), optionally suffixed `#ids=input|output` to say how a foreign head's aux ids read."""
+    huggingface_hub), optionally suffixed `#ids=input|output` to say how a foreign head's aux ids read
+    and/or `#any-target` to pair a co-trained head with another target (comma-separated: `#ids=input,
+    any-target`; runtime/heads/eagle3_binding.py)."""
     source, _, option = source.partition("#")
-    ids = option.removeprefix("ids=") if option else "auto"
-    if option and (not option.startswith("ids=") or ids not in ("auto", "input", "output")):
+    words = [w for w in option.split(",") if w] if option else []
+    any_target = "any-target" in words
+    rest = [w for w in words if w != "any-target"]
+    ids = rest[0].removeprefix("ids=") if rest else "auto"
+    if len(rest) > 1 or (rest and (not rest[0].startswith("ids=") or ids not in ("auto", "input", "output"))):
         raise BadInputError(
-            "--draft", f"eagle3:{source}#{option}", "eagle3:DIR or eagle3:DIR#ids=input|output"
+            "--draft",
+            f"eagle3:{source}#{option}",
+            "eagle3:DIR, eagle3:DIR#ids=input|output, eagle3:DIR#any-target or both (#ids=input,any-target)",
         )
     folder = _resolve(source)
     config = read_json(folder / "config.json", "eagle3 head")
@@ -357,7 +377,7 @@ def load_eagle3(source: str, target=None) -> Eagle3Head:
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         tensors.update(load_tensors(file, "eagle3 head"))
-    return from_layout(config, tensors, target, ids, name=str(folder))
+    return from_layout(config, tensors, target, ids, name=str(folder), any_target=any_target)
 
 
 def _resolve(source: str) -> Path:

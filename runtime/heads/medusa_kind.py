@@ -173,7 +173,16 @@ KIND = HeadKind(
     section=MedusaSection,
     make_drafter=make_drafter,
     spec="medusa:DIR",
-    layouts={"medusa": Layout(write=write_vllm_layout, read=read_any, serve=serve_vllm, reads="target")},
+    layouts={
+        "medusa": Layout(
+            write=write_vllm_layout,
+            read=read_any,
+            serve=serve_vllm,
+            reads="target",
+            about="vLLM's `method: medusa` layout (MedusaModel: blocks.K.layers.J, lm_heads.K or one shared "
+            "lm_head, token_map for a reduced vocabulary)",
+        )
+    },
     default_depth=default_depth,
     parse_tree=parse_tree,
     cotrain=True,  # Medusa-2: the target trains with the heads (train/medusa2.py)

@@ -30,6 +30,7 @@ Tests: tests/runtime/test_medusa_layout.py.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -47,6 +48,7 @@ from draftsmith.runtime.heads.medusa import (
     config_from_dict,
 )
 
+log = logging.getLogger(__name__)
 PROVENANCE_KEY = "draftsmith_medusa"  # our MedusaConfig, so the identity checks survive the round trip
 VLLM_DEFAULTS = {"max_paths": 64, "topk": 10}  # MedusaConfig's, written for readers that expect them
 FD_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -75,6 +77,15 @@ def to_vllm(heads: MedusaHeads, target) -> tuple[dict, dict[str, torch.Tensor]]:
         tensors["lm_head.weight"] = target.model.lm_head.weight.detach().cpu()[ids]
     if heads.reduced:
         tensors["token_map"] = ids.clone()
+        log.warning(
+            "medusa export: a reduced vocabulary (%d of %d ids) is written as vLLM's token_map, which vLLM "
+            "0.32's loader cannot load (load_weights makes token_map a Parameter it never reports loaded: "
+            "'Following weights were not initialized from checkpoint: {token_map}'); heads trained with "
+            "head.reduce_vocab=false load (scripts/medusa_full_vocab.py makes a full-vocabulary copy of "
+            "heads that share the target's LM head)",
+            cfg.out_vocab,
+            cfg.vocab_size,
+        )
     return config, {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
 
 

@@ -262,8 +262,22 @@ KIND = HeadKind(
     make_drafter=make_drafter,
     spec="mtp:DIR[#recursive]",
     layouts={
-        "mtp": Layout(write=write_deepseek, read=read_any, serve=serve_deepseek, reads="target"),
-        "mtp-mimo": Layout(write=write_mimo, read=read_any, serve=serve_mimo, reads="target"),
+        "mtp": Layout(
+            write=write_deepseek,
+            read=read_any,
+            serve=serve_deepseek,
+            reads="target",
+            about="MTP modules in DeepSeek's layout: the target plus layers L..L+M-1 and "
+            "num_nextn_predict_layers (draftsmith generate --target DIR --draft mtp:DIR)",
+        ),
+        "mtp-mimo": Layout(
+            write=write_mimo,
+            read=read_any,
+            serve=serve_mimo,
+            reads="target",
+            about="one MTP module in MiMo's layout (the target as MiMoForCausalLM: Qwen2 with zero q/k/v "
+            'biases): vllm serve DIR --speculative-config \'{"method": "mtp", ...}\'',
+        ),
     },
     default_depth=default_depth,
     cotrain=True,

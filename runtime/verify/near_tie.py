@@ -75,4 +75,7 @@ def first_mismatch(target, prompt: list[int], got: list[int], want: list[int]) -
         return Mismatch(pos, mine, theirs, math.inf, 0.0)
     logits = next_logits(target, prompt + want[:pos])  # [V]
     a, b = logits[theirs].item(), logits[mine].item()
-    return Mismatch(pos, mine, theirs, abs(a - b), tie_tolerance(max(abs(a), abs(b)), target.dtype))
+    # a weight-only quantized target (runtime/core/quantize.py) rounds every linear's input and output,
+    # its logits included, to bf16: its ties are bf16's, whatever dtype its embedding has
+    dtype = torch.bfloat16 if getattr(target, "quantization", None) else target.dtype
+    return Mismatch(pos, mine, theirs, abs(a - b), tie_tolerance(max(abs(a), abs(b)), dtype))

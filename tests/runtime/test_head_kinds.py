@@ -40,13 +40,31 @@ def test_every_kind_declares_a_module_section_drafter_layouts_and_objective():
 
 def test_formats_map_each_layout_to_the_kinds_it_fits():
     assert head_kinds.formats() == {
-        "draftsmith": ("eagle3", "mtp", "medusa"),
+        "draftsmith": ("eagle3", "mtp", "medusa", "peagle", "dflash"),
         "eagle3": ("eagle3",),
-        "speculators": ("eagle3",),
+        "speculators": ("eagle3", "peagle", "dflash"),
         "mtp": ("mtp",),
         "mtp-mimo": ("mtp",),
         "medusa": ("medusa",),
+        "vllm": ("peagle",),
+        "dflash": ("dflash",),
     }
+
+
+def test_export_help_lists_every_layout_of_the_registry(capsys):
+    from draftsmith.runtime.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["export", "--help"])
+    text = capsys.readouterr().out
+    section = text[text.index("formats:") : text.index("examples:")]
+    listed = [
+        line.split()[0] for line in section.splitlines()[1:] if line.startswith("  ") and line[2] != " "
+    ]
+    assert listed == list(head_kinds.formats())  # each layout once, in registration order
+    for name, kinds in head_kinds.formats().items():
+        about = head_kinds.get(kinds[0]).all_layouts()[name].about
+        assert about and about.split()[0] in section, name  # a layout without its line would fail here
 
 
 def test_draft_specs_look_up_the_registry():
@@ -72,13 +90,23 @@ def test_train_config_head_section_is_the_kinds_own():
         (["head.num_modules=2"], "head.num_modules", "an option of head.type=mtp"),
         (["head.type=medusa9"], "head.type", "one of eagle3, mtp"),
         (["head.type=eagle3", "head.nonsense=1"], "head.nonsense", "one of the keys"),
-        (["head.type=eagle3", "cotrain.enabled=true"], "cotrain.enabled", "co-training is for mtp"),
     ],
 )
 def test_another_kinds_key_is_refused_naming_it(overrides, field, says):
     with pytest.raises(BadInputError) as err:
         load_train_config(None, overrides)
     assert err.value.field == field and says in str(err.value)
+
+
+def test_cotraining_a_kind_that_does_not_allow_it_is_refused(monkeypatch):
+    """Every shipped kind co-trains (EAGLE-3 too: train/eagle3_cotrain.py); a kind declaring
+    cotrain=False is refused naming cotrain.enabled and the kinds that do."""
+    from dataclasses import replace
+
+    monkeypatch.setitem(head_kinds.KINDS, "eagle3", replace(head_kinds.KINDS["eagle3"], cotrain=False))
+    with pytest.raises(BadInputError) as err:
+        load_train_config(None, ["head.type=eagle3", "cotrain.enabled=true"])
+    assert err.value.field == "cotrain.enabled" and "co-training is for mtp, medusa" in str(err.value)
 
 
 def test_of_folder_reads_the_head_type(tmp_path):

@@ -1,0 +1,336 @@
+"""The drafter in its own process (`--draft-process`, `--draft-device`), optionally with SSD (`--ssd`).
+
+    drafter = RemoteDrafter(DraftConfig("smollm2-135m", "self:layers=10", depth=3, ssd_fanout=8))
+    results = generate_speculative(target, drafter, prompts, params)     # the ordinary engine loop
+    drafter.close()
+
+The target's process (rank 0) runs the engine with this proxy; a second process (rank 1, started here with
+`python -m draftsmith.runtime.drafters.draft_process CONFIG`) loads the target's tokenizer and the drafter
+on its own device at tensor-parallel size 1 and serves it over torch.distributed (gloo; the messages are
+small: tokens, accepted node ids, and the laws q of sampled drafts). One cycle:
+
+    target:   send (accepted ids of the last verdict, contexts) -> wait for drafts -> verify ... -> send ...
+    drafter:  recv -> hit: cached draft / miss: commit + propose -> send drafts -> pre-speculate (SSD) -> recv
+
+so with SSD the drafter drafts the next cycle's branches while the target verifies (runtime/drafters/ssd.py
+holds the logic and its lossless argument; the drafts and laws cross the process boundary unchanged).
+Without --ssd the remote drafter just drafts on request (nothing overlaps; the disaggregation alone).
+
+A drafter process that dies (or stops answering within `timeout_s`) ends the generation with a
+DraftProcessError naming it, before anything is printed; with `fallback` (`--draft-fallback`) the proxy
+builds the drafter in process, restarts it on the current contexts (fresh random streams) and goes on.
+The time the target waits for drafts is `target_idle_s` in `batch_metrics()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.drafters.drafter import Draft, Drafter
+from draftsmith.runtime.verify.tree import Tree, chain
+
+PROCESS_SPECS = ("ngram", "self:", "model:")  # drafters of the committed tokens only (no target features)
+
+
+class DraftProcessError(DraftsmithError):
+    """The drafter process died or stopped answering."""
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    target: str  # the target spec (the drafter process loads the tokenizer and, for self:, the layers)
+    draft: str  # --draft spec
+    depth: int  # chain length K
+    ssd_fanout: int = 0  # 0: no SSD
+    device: str = "cpu"
+    dtype: str = "auto"
+    timeout_s: float = 120.0
+    threads: int = 1  # torch threads in the drafter process
+    saguaro: float = 1.0  # SSD's draft-law adjustment (runtime/drafters/ssd.py)
+    interrupt: bool = True  # stop pre-drafting when the verdict arrives (False: every branch, reproducible)
+
+
+def check_draft_device(device: str) -> str:
+    """cpu, or cuda[:i] with such a device present."""
+    kind, _, index = device.partition(":")
+    if kind == "cpu" and not index:
+        return device
+    if kind == "cuda" and (not index or index.isdigit()):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(index or 0) < count:
+            return device
+        raise BadInputError("--draft-device", device, f"a CUDA device present here ({count} found)")
+    raise BadInputError("--draft-device", device, "cpu or cuda[:INDEX]")
+
+
+def check_process_spec(spec: str) -> str:
+    if spec == "ngram" or any(spec.startswith(p) and len(spec) > len(p) for p in PROCESS_SPECS[1:]):
+        return spec
+    raise BadInputError("--draft", spec, "ngram, self:layers=N or model:TARGET with --draft-process")
+
+
+# ---- messages: pickled objects as uint8 tensors, length first ------------------------------------------
+def send_obj(obj, dst: int) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    dist.send(torch.tensor([len(data)], dtype=torch.long), dst)
+    dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst)
+
+
+def recv_obj(src: int, size: torch.Tensor | None = None):
+    """The next object from `src`; `size` when its length has already arrived (an `irecv` polled while
+    speculating)."""
+    if size is None:
+        size = torch.zeros(1, dtype=torch.long)
+        dist.recv(size, src)
+    buf = torch.empty(int(size), dtype=torch.uint8)
+    dist.recv(buf, src)
+    return pickle.loads(buf.numpy().tobytes())  # our own peer: a trusted process we started
+
+
+def pack(draft: Draft) -> tuple:
+    return draft.tree.parents, draft.tokens, draft.draft_probs
+
+
+def unpack(packed: tuple) -> Draft:
+    parents, tokens, probs = packed
+    return Draft(Tree(tuple(parents)), list(tokens), probs)
+
+
+# ---- the target's side ---------------------------------------------------------------------------------
+class RemoteDrafter(Drafter):
+    def __init__(self, config: DraftConfig, fallback: Callable[[], Drafter] | None = None):
+        super().__init__()
+        self.config, self.fallback = config, fallback
+        self.tree, self.name = chain(config.depth), f"process:{config.draft}"
+        self.local: Drafter | None = None  # the in-process drafter after a fallback
+        self.accepted, self.rows = None, None
+        self._metrics: list[dict] = []
+        self.idle_s, self.trace = 0.0, []
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cfg = json.dumps(asdict(self.config) | {"port": port})
+        env = os.environ | {"OMP_NUM_THREADS": str(self.config.threads)}
+        proc = subprocess.Popen([sys.executable, "-m", __name__, cfg], env=env)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=0,
+            world_size=2,
+            timeout=timedelta(seconds=self.config.timeout_s),
+        )
+        return proc
+
+    def _exchange(self, msg: dict):
+        if self.process.poll() is not None:
+            raise DraftProcessError(f"the drafter process exited with code {self.process.returncode}")
+        try:
+            send_obj(msg, 1)
+            return recv_obj(1)
+        except (RuntimeError, ConnectionError) as err:  # gloo: peer closed, or the timeout passed
+            raise DraftProcessError(f"the drafter process stopped answering ({err})") from err
+
+    def start(self, prompts, params, generators, features=None) -> None:
+        super().start(prompts, params, generators, features)
+        if self._batch_started:
+            self._metrics.append(self._close_batch())
+        self._batch_started, self.idle_s, self.accepted, self.rows = True, 0.0, None, None
+        if self.local is not None:
+            return self.local.start(prompts, params, generators, features)
+        states = None if generators is None else [g.get_state() for g in generators]
+        msg = {"op": "start", "prompts": prompts, "params": params, "states": states}
+        reply = self._guard(lambda: self._exchange(msg))
+        if reply is None:
+            return self.local.start(prompts, params, self._fresh_generators())
+        if "bad_input" in reply or "error" in reply:  # the drafter could not be built there
+            self.close(kill=True)
+            if "bad_input" in reply:
+                raise BadInputError(*reply["bad_input"])
+            raise DraftProcessError(f"the drafter process could not start: {reply['error']}")
+
+    _batch_started = False
+
+    def propose(self, contexts: list[list[int]]) -> list[Draft]:
+        if self.local is None:
+            msg = {"op": "cycle", "accepted": self.accepted, "rows": self.rows, "contexts": contexts}
+            start = time.perf_counter()
+            reply = self._guard(lambda: self._exchange(msg))
+            self.idle_s += time.perf_counter() - start
+            if reply is not None:
+                self.accepted, self.rows = None, None
+                self.forwards = reply["forwards"]
+                return [unpack(d) for d in reply["drafts"]]
+            self.local.start(contexts, self.params, self._fresh_generators())  # it prefills the contexts
+        return self.local.propose(contexts)
+
+    def commit(self, accepted, features=None) -> None:
+        if self.local is not None:
+            return self.local.commit(accepted, features)
+        self.accepted = accepted
+
+    def retain(self, rows: list[int]) -> None:
+        super().retain(rows)
+        if self.local is not None:
+            return self.local.retain(rows)
+        self.rows = rows
+
+    def _guard(self, call):
+        """Run an exchange; on a dead drafter fall back in process (when told) or raise."""
+        try:
+            return call()
+        except DraftProcessError:
+            if self.fallback is None:
+                self.close(kill=True)
+                raise
+            self.close(kill=True)
+            self.local = self.fallback()
+            return None
+
+    def _fresh_generators(self) -> list[torch.Generator] | None:
+        """Random streams for the in-process drafter after a fallback: reusing the remote's initial states
+        would reuse uniforms that already drew verified drafts."""
+        if self.generators is None:
+            return None
+        fresh = []
+        for g in self.generators:
+            new = torch.Generator(device=g.device)
+            new.manual_seed(int(torch.randint(2**62, (), generator=g)) ^ 0xFA11BAC)
+            fresh.append(new)
+        return fresh
+
+    def _close_batch(self) -> dict:
+        return {"target_idle_s": round(self.idle_s, 4), "fell_back": self.local is not None}
+
+    def close(self, kill: bool = False) -> list[dict]:
+        """Stop the drafter process -> per batch metrics (the drafter's merged with the target's wait)."""
+        remote = []
+        if self.process is not None and self.process.poll() is None and not kill:
+            try:
+                reply = self._exchange({"op": "stop"})
+                remote, self.trace = reply["metrics"], reply["trace"]
+            except DraftProcessError:
+                remote = []
+        if self.process is not None:
+            if kill and self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+            self.process = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        ours = self._metrics + [self._close_batch()]
+        self.metrics = [r | o for r, o in zip(remote, ours, strict=False)] or ours
+        return self.metrics
+
+    def batch_metrics(self) -> list[dict]:
+        return getattr(self, "metrics", None) or self._metrics + [self._close_batch()]
+
+
+# ---- the drafter's side ---------------------------------------------------------------------------------
+class Listener(threading.Thread):
+    """Receives the next message's length in the background and flags its arrival. (gloo's `irecv` work
+    reports `is_completed()` False until waited on, even after the data is in: measured here, torch 2.x;
+    a thread blocked in `wait` releases the GIL, so the branches keep running.)"""
+
+    def __init__(self, size: torch.Tensor):
+        super().__init__(daemon=True)
+        self.size, self.arrived = size, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        dist.irecv(self.size, 0).wait()
+        self.at = time.perf_counter()
+        self.arrived.set()
+
+
+def serve(cfg: dict) -> None:
+    from draftsmith.runtime.core.target import Target
+    from draftsmith.runtime.drafters.drafting import build_drafter
+    from draftsmith.runtime.drafters.ssd import SsdDrafter, clone_factory
+
+    torch.set_num_threads(cfg["threads"])
+    # load first: the target's process waits in init_process_group, before its clock starts; a failure is
+    # reported to it as the answer to its first message (so it never waits out the timeout)
+    failure = None
+    try:
+        target = Target.load(cfg["target"], device=cfg["device"], dtype=cfg["dtype"])
+        proto = build_drafter(cfg["draft"], target, chain(cfg["depth"]))
+    except BadInputError as err:
+        failure = {"bad_input": (err.field, err.got, err.expected, err.hint)}
+    except Exception as err:  # noqa: BLE001 (any load failure ends the generation with its message)
+        failure = {"error": f"{type(err).__name__}: {err}"}
+    if failure is not None:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=1, world_size=2)
+        recv_obj(0)
+        send_obj(failure, 0)
+        dist.destroy_process_group()
+        return
+    drafter = proto
+    if cfg["ssd_fanout"]:
+        drafter = SsdDrafter(clone_factory(proto), cfg["depth"], cfg["ssd_fanout"], saguaro=cfg["saguaro"])
+        drafter.defer = True  # branches are drafted after the drafts are sent
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{cfg['port']}",
+        rank=1,
+        world_size=2,
+        timeout=timedelta(seconds=cfg["timeout_s"]),
+    )
+    size = None  # a message length already received while speculating
+    with torch.inference_mode():
+        while True:
+            msg = recv_obj(0, size)
+            size = None
+            if msg["op"] == "stop":
+                ssd = bool(cfg["ssd_fanout"])
+                send_obj(
+                    {
+                        "metrics": drafter.batch_metrics() if ssd else [],
+                        "trace": drafter.trace if ssd else [],
+                    },
+                    0,
+                )
+                break
+            if msg["op"] == "start":
+                gens = None
+                if msg["states"] is not None:
+                    gens = [torch.Generator(device=target.device) for _ in msg["states"]]
+                    for g, state in zip(gens, msg["states"], strict=True):
+                        g.set_state(state)
+                drafter.start(msg["prompts"], msg["params"], gens)
+                send_obj({"ok": True}, 0)
+                continue
+            if msg["accepted"] is not None:
+                drafter.commit(msg["accepted"])
+            if msg["rows"] is not None:
+                drafter.retain(msg["rows"])
+            drafts = drafter.propose(msg["contexts"])
+            send_obj({"drafts": [pack(d) for d in drafts], "forwards": drafter.forwards}, 0)
+            if cfg["ssd_fanout"]:  # while the target verifies; its verdict's arrival stops the branches
+                size = torch.zeros(1, dtype=torch.long)
+                sent, listener = time.perf_counter(), Listener(size)
+                drafter.speculate(stop=listener.arrived.is_set if cfg["interrupt"] else None)
+                listener.join()
+                for row in drafter.rows:  # the target's verification + the round trip, as seen from here
+                    row.record["window_s"] = listener.at - sent
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    serve(json.loads(sys.argv[1]))

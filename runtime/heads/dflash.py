@@ -1,0 +1,349 @@
+"""The DFlash block drafter (Chen et al. 2026, arXiv 2602.06036): one forward drafts a whole block.
+
+    config = DFlashConfig.for_target(target, block_size=16, num_layers=1)
+    head = DFlashHead(config)
+    k, v = head.context_kv(head.fuse(aux), positions)   # per layer [B, nkv, C, d]: target features as KV
+    h = head(target.embed(block_ids), block_positions, k, v, context_valid)   # [B, S, H], pre-norm
+    head.target_logits(h)                              # [B, S, V]: block position j predicts token p+j+1
+
+A block of S = block_size tokens starts at the position p of the anchor (the last committed token, the
+"bonus" token the target just produced) and continues with S - 1 copies of `mask_token_id`. The target's
+aux hidden states of every committed token before the anchor are fused (`fc`, then `hidden_norm`) and
+enter each draft layer only as keys and values (`k_norm(k_proj(.))` with RoPE at their own positions,
+`v_proj(.)`): they are never updated by the draft layers, so a drafter caches them once per token. The
+block's queries attend to that context and to the whole block, bidirectionally (the paper's block
+diffusion; vLLM's non-causal DFlash layers, speculators' `create_anchor_block_mask_mod`). Block position
+j >= 1 is trained to predict token p + j (the anchor's slot predicts nothing: `sample_from_anchor` false,
+vLLM's and speculators' default), so a block of S drafts S - 1 tokens in one forward.
+
+The draft layers are Qwen3 decoder layers (per-head `q_norm`/`k_norm`), as in z-lab's, speculators' and
+vLLM's DFlash models, whatever the target's family; the embedding is the target's (never stored) and the
+LM head is a frozen copy of the target's rows for the draft vocabulary (`d2t` offsets, as EAGLE-3), with
+the head's own final `norm`. Tensor names are speculators' / z-lab's: `fc.weight`, `hidden_norm.weight`,
+`layers.{i}.{input_layernorm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm,
+mlp.{gate,up,down}_proj}`, `norm.weight`, `lm_head.weight`, `d2t`, `t2d`. Folder I/O is strict
+(`load_head`: names, shapes, finite values, the target's identity). Tests: tests/runtime/test_dflash.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from draftsmith.runtime.core.artifacts import (
+    check_tensors,
+    load_tensors,
+    save_head_files,
+    tokenizer_hash,
+    validate_draft_vocab,
+)
+from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.core.families import find_family
+from draftsmith.runtime.heads.aux_layers import default_aux_layers
+
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+DEFAULT_BLOCK = 16  # the paper's block size (z-lab's Qwen3 drafters are b16)
+LAYER_KEYS = (  # the fields of the draft layers copied from the target's config
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_parameters",
+    "max_position_embeddings",
+    "hidden_act",
+)
+
+
+@dataclass
+class DFlashConfig:
+    target: str  # the target's name (identity checks use the hashes and sizes below)
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int]  # 0-based decoder-layer outputs (transformers hidden_states[i + 1])
+    tokenizer_hash: str
+    mask_token_id: int  # the token the block's positions after the anchor hold (its target embedding)
+    block_size: int = DEFAULT_BLOCK  # tokens per block, the anchor included: drafts block_size - 1
+    num_layers: int = 1  # draft decoder layers
+    layer: dict = field(default_factory=dict)  # fields of the draft layers (LAYER_KEYS)
+    head_type: str = "dflash"
+    target_model_type: str | None = None  # the target's text model_type (runtime/core/families.py)
+
+    @classmethod
+    def for_target(
+        cls, target, aux_layer_ids=None, draft_vocab_size: int | None = None, **options
+    ) -> DFlashConfig:
+        cfg = target.config.to_dict()
+        layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
+        layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
+        family = find_family(target.config)
+        if family is not None and layer.get("rope_parameters"):  # Gemma 3 has one per layer type
+            layer["rope_parameters"] = family.rope_parameters(target.config)
+        if options.get("mask_token_id") is None:
+            options["mask_token_id"] = default_mask_token(target)
+        aux = (
+            list(aux_layer_ids) if aux_layer_ids is not None else list(default_aux_layers(target.num_layers))
+        )
+        config = cls(
+            target=target.name,
+            vocab_size=target.vocab_size,
+            draft_vocab_size=draft_vocab_size or target.vocab_size,
+            target_hidden_size=target.hidden_size,
+            aux_layer_ids=aux,
+            tokenizer_hash=tokenizer_hash(target.tokenizer),
+            layer=layer,
+            target_model_type=cfg.get("model_type"),
+            **options,
+        )
+        return config.validate(num_target_layers=target.num_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layer["hidden_size"]
+
+    @property
+    def drafts(self) -> int:
+        """Tokens one forward drafts: the block minus its anchor."""
+        return self.block_size - 1
+
+    def validate(self, num_target_layers: int | None = None) -> DFlashConfig:
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise BadInputError(
+                "draft_vocab_size", self.draft_vocab_size, f"an integer in [1, {self.vocab_size}]"
+            )
+        check_block_size(self.block_size, "block_size")
+        aux, top = self.aux_layer_ids, num_target_layers if num_target_layers is not None else 10**9
+        if not aux or len(set(aux)) != len(aux) or any(not 0 <= i < top for i in aux):
+            raise BadInputError("aux_layer_ids", aux, f"distinct layer ids in [0, {top})")
+        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
+            raise BadInputError("num_layers", self.num_layers, "an integer >= 1 (draft decoder layers)")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise BadInputError("mask_token_id", self.mask_token_id, f"a token id in [0, {self.vocab_size})")
+        missing = [
+            k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in self.layer
+        ]
+        if missing:
+            raise BadInputError("layer", sorted(self.layer), f"the fields {missing} too")
+        return self
+
+
+def check_block_size(size, field: str, trained: int | None = None) -> int:
+    """A block holds the anchor and at least one mask (>= 2), and no more positions than trained."""
+    top = f"in [2, {trained}] (the block the head was trained on)" if trained else ">= 2 (anchor + masks)"
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2 or (trained and size > trained):
+        raise BadInputError(field, size, f"an integer {top}")
+    return size
+
+
+def default_mask_token(target) -> int:
+    """The mask token when none is given: the tokenizer's unk, else its pad, else the last vocabulary id
+    (a token the data rarely holds; its target embedding is what every mask position reads)."""
+    tok = target.tokenizer
+    for token_id in (getattr(tok, "unk_token_id", None), getattr(tok, "pad_token_id", None)):
+        if isinstance(token_id, int) and 0 <= token_id < target.vocab_size:
+            return token_id
+    return target.vocab_size - 1
+
+
+def _qwen3_config(cfg: DFlashConfig):
+    """The transformers Qwen3Config of the draft layers (what builds its norms, MLP and rotary)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        **cfg.layer, num_hidden_layers=cfg.num_layers, vocab_size=cfg.vocab_size, attention_bias=False
+    )
+
+
+def rotate(x: torch.Tensor, rope) -> torch.Tensor:
+    """RoPE on x [B, n, T, d] with (cos, sin) [B, T, d] (transformers' rotate_half convention)."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    cos, sin = (t.unsqueeze(1) for t in rope)
+    return x * cos + rotate_half(x) * sin
+
+
+class DFlashAttention(nn.Module):
+    """Queries from the block; keys and values from the context (cached by the caller) and the block."""
+
+    def __init__(self, cfg: DFlashConfig, qwen3):
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+        super().__init__()
+        layer, hidden = cfg.layer, cfg.hidden_size
+        self.heads, self.head_dim = layer["num_attention_heads"], layer["head_dim"]
+        self.kv_heads = layer.get("num_key_value_heads", self.heads)
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=False)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=qwen3.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=qwen3.rms_norm_eps)
+
+    def key_value(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, H] -> RoPE'd normed keys and values [B, nkv, T, d]."""
+        batch, length, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        return rotate(k, rope), v
+
+    def forward(self, x, rope, context_k, context_v, mask):  # x [B, S, H]; context [B, nkv, C, d]
+        batch, length, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, length, self.heads, self.head_dim)).transpose(1, 2)
+        q = rotate(q, rope)  # [B, nh, S, d]
+        k, v = self.key_value(x, rope)
+        k, v = torch.cat([context_k, k], dim=2), torch.cat([context_v, v], dim=2)  # [B, nkv, C + S, d]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig, qwen3):
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm
+
+        super().__init__()
+        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=qwen3.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg, qwen3)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=qwen3.rms_norm_eps)
+        self.mlp = Qwen3MLP(qwen3)
+
+    def forward(self, h, rope, context_k, context_v, mask):  # h [B, S, H]
+        h = h + self.self_attn(self.input_layernorm(h), rope, context_k, context_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashHead(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
+
+        super().__init__()
+        self.config = cfg.validate()
+        qwen3 = _qwen3_config(cfg)
+        hidden = cfg.hidden_size
+        self.fc = nn.Linear(len(cfg.aux_layer_ids) * cfg.target_hidden_size, hidden, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(hidden, eps=qwen3.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(cfg, qwen3) for _ in range(cfg.num_layers))
+        self.norm = Qwen3RMSNorm(hidden, eps=qwen3.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, cfg.draft_vocab_size, bias=False)
+        self.lm_head.weight.requires_grad_(False)  # the target's rows, frozen (the paper, speculators)
+        self.rotary = Qwen3RotaryEmbedding(qwen3)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.set_draft_vocab(torch.arange(cfg.draft_vocab_size))
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Draft id i stands for target id target_ids[i] (ascending, unique)."""
+        self.d2t.copy_(target_ids - torch.arange(len(target_ids)))
+        self.t2d.zero_()
+        self.t2d[target_ids] = True
+
+    def draft_ids(self) -> torch.Tensor:
+        """[Vd] the target id of each draft id."""
+        return self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
+
+    @torch.no_grad()
+    def init_from_target(self, target) -> DFlashHead:
+        """The LM head rows and the final norm from the target's (the head reads the target's space)."""
+        self.lm_head.weight.copy_(target.model.lm_head.weight[self.draft_ids()].float())
+        self.norm.weight.copy_(target.decoder.norm.weight.float())
+        return self
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The target's concatenated aux hidden states [.., A*Ht] -> the context states [.., H]."""
+        return self.hidden_norm(self.fc(aux.to(self.fc.weight.dtype)))
+
+    def context_kv(self, fused: torch.Tensor, positions: torch.Tensor) -> tuple[list, list]:
+        """fused [B, C, H] at positions [B, C] -> per layer keys and values [B, nkv, C, d]."""
+        rope = self.rotary(fused, position_ids=positions)
+        pairs = [layer.self_attn.key_value(fused, rope) for layer in self.layers]
+        return [k for k, _ in pairs], [v for _, v in pairs]
+
+    def forward(
+        self,
+        embeds: torch.Tensor,  # [B, S, H] the target's embedding of the block tokens (anchor, masks)
+        positions: torch.Tensor,  # [B, S]
+        context_k: list[torch.Tensor],  # per layer [B, nkv, C, d] (context_kv)
+        context_v: list[torch.Tensor],
+        mask: torch.Tensor,  # [B, 1, S, C + S] bool, True = may attend (block_mask)
+    ) -> torch.Tensor:
+        """-> the last layer's output [B, S, H], pre-norm; position j's logits predict token p + j + 1."""
+        rope = self.rotary(embeds, position_ids=positions)
+        h = embeds.to(self.fc.weight.dtype)
+        for layer, k, v in zip(self.layers, context_k, context_v, strict=True):
+            h = layer(h, rope, k, v, mask)
+        return h
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self.norm(h))  # [..., Vd]
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32, float64 kept
+
+    def target_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft logits placed at their target ids, -inf elsewhere -> [..., V] (vLLM's compute_logits)."""
+        draft = self.draft_logits(h)
+        full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.scatter(-1, self.draft_ids().expand_as(draft), draft)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, target=None) -> DFlashHead:
+        return load_head(folder, target)
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        save_head_files(self, folder, "dflash")
+
+
+def block_mask(context_valid: torch.Tensor, block: int) -> torch.Tensor:
+    """context_valid [B, C] bool -> [B, 1, S, C + S]: every block query sees the valid context and the
+    whole block (bidirectional within the block, as the paper's full-attention DFlash layers)."""
+    batch = context_valid.shape[0]
+    ones = context_valid.new_ones(batch, block, block)
+    return torch.cat([context_valid[:, None].expand(batch, block, -1), ones], dim=-1)[:, None]
+
+
+# ---- files --------------------------------------------------------------------------------------------
+def load_head(folder: str | Path, target=None) -> DFlashHead:
+    """Strict load of our folder: every tensor present with its exact shape, nothing extra, all finite;
+    a folder of another kind is refused naming its head_type; checked against `target` when given."""
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise BadInputError("dflash head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    raw = read_json(folder / CONFIG_FILE, "dflash head")
+    if raw.get("head_type") != "dflash":
+        got = raw.get("head_type") or raw.get("speculators_model_type") or raw.get("architectures")
+        raise BadInputError(
+            "head_type", got, "dflash (a draftsmith DFlash folder: draftsmith export reads it)"
+        )
+    try:
+        config = DFlashConfig(**raw)
+    except TypeError as err:
+        raise BadInputError(
+            str(folder / CONFIG_FILE), sorted(raw), "the DFlashConfig fields", str(err)
+        ) from None
+    if target is not None:
+        check_head_matches_target(config, target)
+    head = DFlashHead(config)
+    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
+    tensors = load_tensors(folder / WEIGHTS_FILE, "dflash head")
+    check_tensors(expected, tensors, "DFlash")
+    head.load_state_dict(tensors, strict=False)
+    validate_draft_vocab(head.d2t, head.t2d, config.vocab_size, config.draft_vocab_size)
+    return head.eval()
+
+
+def check_head_matches_target(config: DFlashConfig, target) -> None:
+    checks = [
+        ("vocab_size", config.vocab_size, target.vocab_size),
+        ("target_hidden_size", config.target_hidden_size, target.hidden_size),
+        ("hidden_size", config.hidden_size, target.hidden_size),  # the target's embedding feeds the block
+        ("tokenizer_hash", config.tokenizer_hash, tokenizer_hash(target.tokenizer)),
+    ]
+    if config.target_model_type is not None:  # a head reads one family's hidden states, not another's
+        checks.append(("target_model_type", config.target_model_type, target.config.model_type))
+    for name, got, expected in checks:
+        if got != expected:
+            raise BadInputError(f"dflash head {name}", got, f"{expected} (the target {target.name})")
+    config.validate(num_target_layers=target.num_layers)

@@ -1,0 +1,147 @@
+"""int8 CPU heads in draftsmith's own folder layout, for every head kind: written once, loaded by `--draft`.
+
+    save_int8_head(kind, "runs/x/final", "runs/x/final-int8")    # any registered kind's folder
+    python -m draftsmith.runtime.heads.int8_folder runs/x/final runs/x/final-int8    # the same
+    draftsmith generate --draft eagle3:runs/x/final-int8 ...     # loads as int8, no flag needed
+
+The folder is the kind's own (config.json, model.safetensors, anything else copied as it is) with each
+nn.Linear weight `NAME.weight` of the head replaced by `NAME.weight_int8` (int8 [N, K]) and
+`NAME.weight_scale` (bf16 [N]): runtime/core/quantize.py's Int8Linear, one scale per output row. config.json
+gains `quantization` (method, scheme, the quantized names) and the model card a precision line.
+
+Loading keeps every kind's own strict loader: the int8 weights are dequantized (q * s is exact in fp32:
+a 7-bit integer times an 8-bit mantissa) into a temporary copy of the folder, the kind builds its drafter
+from it (names, shapes, the target binding all checked as for any head), and the drafter's linears are
+swapped for Int8Linear modules holding the stored int8 weights and scales bit for bit. The binding is
+the unquantized head's: a head trained against one target is refused against another, quantized or not.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from draftsmith.runtime.core.artifacts import atomic_save_file, load_tensors
+from draftsmith.runtime.core.config import atomic_write_text
+from draftsmith.runtime.core.errors import DraftsmithError, read_json
+from draftsmith.runtime.core.quantize import Int8Linear, QuantSpec, check_device, drafter_modules
+from draftsmith.runtime.heads.head_kind import CONFIG_FILE, WEIGHTS_FILE
+
+INT8, SCALE = ".weight_int8", ".weight_scale"
+
+
+def save_int8_head(kind, folder: str | Path, out: str | Path) -> list[str]:
+    """Write `folder` (a head of `kind`, runtime/heads/head_kind.py) as an int8 head into `out`; returns
+    the quantized linears' names."""
+    folder, out = Path(folder), Path(out)
+    module = kind.module.from_pretrained(folder)  # strict: a damaged head is refused here
+    tensors = load_tensors(folder / WEIGHTS_FILE, "CHECKPOINT")
+    names = [n for n, m in module.named_modules() if type(m) is nn.Linear and f"{n}.weight" in tensors]
+    for name in names:
+        q = Int8Linear(module.get_submodule(name))
+        del tensors[f"{name}.weight"]
+        tensors[name + INT8], tensors[name + SCALE] = q.qweight, q.scale
+    shutil.copytree(folder, out, dirs_exist_ok=True, ignore=shutil.ignore_patterns(CONFIG_FILE, WEIGHTS_FILE))
+    config = read_json(folder / CONFIG_FILE, "CHECKPOINT")
+    config["quantization"] = {
+        "method": "int8",
+        "scheme": "weight-only, symmetric, one bf16 scale per output row (draftsmith Int8Linear)",
+        "quantized": names,
+    }
+    atomic_save_file(out / WEIGHTS_FILE, tensors, {"format": "pt", "head_type": config.get("head_type", "")})
+    atomic_write_text(out / CONFIG_FILE, json.dumps(config, indent=1) + "\n")
+    card = out / "README.md"
+    if card.is_file():  # the card states the precision under its title
+        lines = card.read_text().splitlines(keepends=True)
+        at = next((i + 1 for i, line in enumerate(lines) if line.startswith("# ")), 0)
+        lines.insert(at, f"\n**Precision: int8 weight-only** ({len(names)} linears, per-row bf16 scales).\n")
+        atomic_write_text(card, "".join(lines))
+    return names
+
+
+def int8_config(folder: Path) -> dict | None:
+    """The folder's `quantization` entry when it is an int8 folder; None otherwise, a malformed config.json
+    included: the kind's own strict loader then says what is wrong with it, naming its field."""
+    config = folder / CONFIG_FILE
+    try:
+        quant = json.loads(config.read_text()).get("quantization") if config.is_file() else None
+    except (ValueError, OSError, AttributeError):
+        return None
+    return quant if isinstance(quant, dict) and quant.get("method") == "int8" else None
+
+
+def make_head_drafter(kind, arg: str, target, tree, device: str, dtype: str):
+    """kind.make_drafter, for an int8 folder through its dequantized twin (module docstring)."""
+    path, sep, suffix = arg.partition("#")
+    folder = Path(path).expanduser()
+    quant = int8_config(folder) if folder.is_dir() else None
+    if quant is None:
+        return kind.make_drafter(arg, target, tree, device, dtype)
+    tensors = load_tensors(folder / WEIGHTS_FILE, "--draft")
+    with tempfile.TemporaryDirectory(prefix="draftsmith-int8-") as tmp:
+        twin = Path(tmp) / folder.name
+        shutil.copytree(folder, twin, ignore=shutil.ignore_patterns(CONFIG_FILE, WEIGHTS_FILE))
+        config = read_json(folder / CONFIG_FILE, "--draft")
+        config.pop("quantization")
+        atomic_write_text(twin / CONFIG_FILE, json.dumps(config, indent=1) + "\n")
+        dense = {n: t for n, t in tensors.items() if not n.endswith((INT8, SCALE))}
+        for name in quant["quantized"]:
+            dense[f"{name}.weight"] = tensors[name + INT8].float() * tensors[name + SCALE].float()[:, None]
+        atomic_save_file(twin / WEIGHTS_FILE, dense, {"format": "pt"})
+        drafter = kind.make_drafter(str(twin) + sep + suffix, target, tree, device, dtype)
+    load_stored_int8(drafter, target, quant["quantized"], tensors, arg)
+    drafter.quantization = "int8"
+    return drafter
+
+
+def load_stored_int8(drafter, target, names: list[str], tensors: dict[str, torch.Tensor], arg: str) -> None:
+    """Swap the drafter's linears `names` for Int8Linear modules holding the stored int8 weights and scales
+    as they are (requantizing q * s could pick another scale where a row's largest |q| is 126)."""
+    for root in drafter_modules(drafter, target):
+        try:
+            linears = {n: root.get_submodule(n) for n in names}
+        except AttributeError:
+            continue
+        if not all(type(m) is nn.Linear for m in linears.values()):
+            break
+        check_device(QuantSpec("int8"), next(iter(linears.values())).weight.device, "--draft")
+        for name, linear in linears.items():
+            module = Int8Linear(linear)
+            with torch.no_grad():
+                module.qweight.copy_(tensors[name + INT8])
+                module.scale.copy_(tensors[name + SCALE])
+            owner, _, attr = name.rpartition(".")
+            setattr(root.get_submodule(owner) if owner else root, attr, module)
+        return
+    raise DraftsmithError(
+        f"--draft {arg}: the drafter has no module with the int8 head's linears {names[:3]}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m draftsmith.runtime.heads.int8_folder HEAD OUT`: write HEAD (any kind) as an int8 head."""
+    import argparse
+
+    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.heads import head_kinds
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("head", help="a draftsmith head folder (config.json names its head_type)")
+    ap.add_argument("out", help="the int8 head folder to write")
+    args = ap.parse_args(argv)
+    kind = head_kinds.of_folder(args.head, "HEAD")
+    if kind is None:
+        raise BadInputError(
+            "HEAD", args.head, f"a draftsmith head folder of a kind ({', '.join(head_kinds.KINDS)})"
+        )
+    names = save_int8_head(kind, args.head, args.out)
+    print(f"{args.out}: {kind.name} head, {len(names)} linears int8")
+
+
+if __name__ == "__main__":
+    main()

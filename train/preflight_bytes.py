@@ -1,0 +1,83 @@
+"""The memory preflight's units (train/preflight.py sums them into an estimate): a `Term` (bytes per rank
+with its formula in words) and what one token keeps for backward in a pre-norm decoder layer, its norms,
+its linears and SDPA's kernels, per activation mode ("fp32", "amp", "half": train/preflight.py Setup.mode).
+
+    layer_saved(shapes, "amp", count_input=True)      # bytes per token a decoder layer keeps for backward
+    kernel_saved("flash", shapes, "fp32", T, 2 * T)    # SDPA's saved tensors per query over 2T keys
+
+Tests: tests/train/test_preflight.py (against torch's measured peaks on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from draftsmith.train.preflight_shapes import TargetShapes
+
+
+@dataclass
+class Term:
+    name: str
+    bytes: float  # per rank
+    how: str  # the formula, in words
+    phase: str  # resident | batch | step
+
+
+def count(n: float) -> str:
+    """A parameter count: 70.55B, 1208.0M, 0.06M."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+
+
+# ---- bytes per token saved for backward -----------------------------------------------------------------
+def act_bytes(mode: str) -> int:
+    return 4 if mode == "fp32" else 2
+
+
+def norm_saved(mode: str, width: int, grad_in: bool) -> int:
+    """transformers' RMSNorm over `width`: fp32 keeps its input (pow, mul; when it needs a gradient) and
+    x * rsqrt (for the weight); half/amp keep an fp32 copy of the input and a half copy of x * rsqrt."""
+    if mode == "fp32":
+        return 4 * width * (2 if grad_in else 1)
+    return (4 * width if grad_in else 0) + 2 * width
+
+
+def linear_inputs(mode: str, width: int, consumers: int) -> int:
+    """What `consumers` Linears reading one fp32 `width`-wide tensor keep: the tensor (fp32, half) or,
+    under autocast, one half copy each (autocast caches the casts of parameters only)."""
+    return {"fp32": 4 * width, "amp": 2 * width * consumers, "half": 2 * width}[mode]
+
+
+def layer_saved(s: TargetShapes, mode: str, count_input: bool, qk_norm: bool = False) -> int:
+    """A pre-norm decoder layer without its attention kernel: input norm and q/k/v inputs (unless the
+    caller counts them), q/k norms (Qwen3's blocks; EAGLE-3's layers have none), o_proj's input, the
+    post-attention norm, gate/up inputs and the gated MLP's four [I] tensors."""
+    a, h = act_bytes(mode), s.hidden
+    total = norm_saved(mode, h, True) + linear_inputs(mode, h, 3) if count_input else 0
+    if qk_norm:
+        total += norm_saved(mode, s.q_width + s.kv_width, True)
+    total += a * s.q_width  # the attention output, transposed into o_proj: a copy
+    total += norm_saved(mode, h, True) + linear_inputs(mode, h, 2)
+    return total + 4 * a * s.intermediate  # gate, up, silu(gate), silu(gate) * up
+
+
+def kernel_saved(
+    kind: str, s: TargetShapes, mode: str, length: int, keys: int, mask_bytes: float = 0
+) -> float:
+    """What SDPA keeps per query token over `keys` keys per row. "flash" (a fused kernel, CPU or GPU):
+    q, k, v, out, logsumexp, and the mask it was given (`mask_bytes`: CPU keeps a bool mask as fp32);
+    "repeated": the same with k and v repeated to every query head (what transformers does for a masked
+    grouped-query attention); "math" (torch's fallback for a mask with grouped-query attention on GPUs:
+    flash takes no mask, the memory-efficient kernel no GQA, as transformers' sdpa_attention.py notes):
+    the fp32 upcast (torch's default for half inputs) of q, and of k and v repeated, and the fp32 scores."""
+    a, per_key = act_bytes(mode), keys / length
+    if kind == "math":
+        return 4 * s.q_width * (1 + 2 * per_key) + 4 * s.heads * keys
+    kv = s.q_width if kind == "repeated" else s.kv_width  # transformers repeats k/v for a masked GQA
+    return 2 * a * s.q_width + 2 * a * kv * per_key + 4 * s.heads + mask_bytes
+
+
+def ttt_kernel(s: TargetShapes, device: str) -> str:
+    """The SDPA kernel of a TTT step (a dense boolean [T, (k+1)T] mask, train/eagle3_objective.py)."""
+    if device == "cpu":
+        return "flash"  # the CPU flash kernel takes a mask and GQA
+    return "math" if s.heads != s.kv_heads else "flash"
