@@ -64,13 +64,16 @@ def seconds_per_step(config: Path | None, overrides: list[str], probe_dir: Path,
     from draftsmith.train.trainer import Trainer
 
     cfg = load_train_config(config, overrides)
-    stages = parse_ttt_schedule(cfg.head.ttt_schedule, cfg.train.ttt_steps) or ((0.0, cfg.train.ttt_steps),)
+    eagle3 = cfg.head.type == "eagle3"  # another kind (--config of a P-EAGLE or DFlash recipe): one stage
+    schedule = parse_ttt_schedule(cfg.head.ttt_schedule, cfg.train.ttt_steps) if eagle3 else None
+    stages = schedule or ((0.0, cfg.train.ttt_steps),)
     starts = [f for f, _ in stages] + [1.0]
     total = 0.0
     for (start, k), end in zip(stages, starts[1:]):
         shutil.rmtree(probe_dir, ignore_errors=True)
         probe = [*overrides, f"output_dir={probe_dir}", f"train.max_steps={probe_steps + 1}"]
-        probe += [f"train.ttt_steps={k}", "head.ttt_schedule=", "head.ttt_weights=null"]
+        if eagle3:
+            probe += [f"train.ttt_steps={k}", "head.ttt_schedule=", "head.ttt_weights=null"]
         probe += ["checkpoint.every=0", "eval.every=0", "train.preflight=off"]
         trainer = Trainer(load_train_config(config, probe))
         trainer.train_step()  # warm-up: first-call allocations and kernel choices
