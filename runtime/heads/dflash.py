@@ -42,22 +42,11 @@ from draftsmith.runtime.core.artifacts import (
     validate_draft_vocab,
 )
 from draftsmith.runtime.core.errors import BadInputError, read_json
-from draftsmith.runtime.core.families import find_family
 from draftsmith.runtime.heads.aux_layers import default_aux_layers
+from draftsmith.runtime.heads.eagle3 import check_feature_head, draft_layer_fields
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 DEFAULT_BLOCK = 16  # the paper's block size (z-lab's Qwen3 drafters are b16)
-LAYER_KEYS = (  # the fields of the draft layers copied from the target's config
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "rms_norm_eps",
-    "rope_parameters",
-    "max_position_embeddings",
-    "hidden_act",
-)
 
 
 @dataclass
@@ -71,7 +60,7 @@ class DFlashConfig:
     mask_token_id: int  # the token the block's positions after the anchor hold (its target embedding)
     block_size: int = DEFAULT_BLOCK  # tokens per block, the anchor included: drafts block_size - 1
     num_layers: int = 1  # draft decoder layers
-    layer: dict = field(default_factory=dict)  # fields of the draft layers (LAYER_KEYS)
+    layer: dict = field(default_factory=dict)  # the draft layers' fields (eagle3.py LAYER_KEYS)
     head_type: str = "dflash"
     target_model_type: str | None = None  # the target's text model_type (runtime/core/families.py)
 
@@ -80,11 +69,6 @@ class DFlashConfig:
         cls, target, aux_layer_ids=None, draft_vocab_size: int | None = None, **options
     ) -> DFlashConfig:
         cfg = target.config.to_dict()
-        layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
-        layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
-        family = find_family(target.config)
-        if family is not None and layer.get("rope_parameters"):  # Gemma 3 has one per layer type
-            layer["rope_parameters"] = family.rope_parameters(target.config)
         if options.get("mask_token_id") is None:
             options["mask_token_id"] = default_mask_token(target)
         aux = (
@@ -97,7 +81,7 @@ class DFlashConfig:
             target_hidden_size=target.hidden_size,
             aux_layer_ids=aux,
             tokenizer_hash=tokenizer_hash(target.tokenizer),
-            layer=layer,
+            layer=draft_layer_fields(target),
             target_model_type=cfg.get("model_type"),
             **options,
         )
@@ -113,23 +97,10 @@ class DFlashConfig:
         return self.block_size - 1
 
     def validate(self, num_target_layers: int | None = None) -> DFlashConfig:
-        if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise BadInputError(
-                "draft_vocab_size", self.draft_vocab_size, f"an integer in [1, {self.vocab_size}]"
-            )
         check_block_size(self.block_size, "block_size")
-        aux, top = self.aux_layer_ids, num_target_layers if num_target_layers is not None else 10**9
-        if not aux or len(set(aux)) != len(aux) or any(not 0 <= i < top for i in aux):
-            raise BadInputError("aux_layer_ids", aux, f"distinct layer ids in [0, {top})")
-        if isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1:
-            raise BadInputError("num_layers", self.num_layers, "an integer >= 1 (draft decoder layers)")
+        check_feature_head(self, num_target_layers)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise BadInputError("mask_token_id", self.mask_token_id, f"a token id in [0, {self.vocab_size})")
-        missing = [
-            k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in self.layer
-        ]
-        if missing:
-            raise BadInputError("layer", sorted(self.layer), f"the fields {missing} too")
         return self
 
 

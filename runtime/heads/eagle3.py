@@ -92,11 +92,6 @@ class Eagle3Config:
         cfg = target.config.to_dict()
         layers = target.num_layers
         aux = list(aux_layer_ids) if aux_layer_ids is not None else list(default_aux_layers(layers))
-        layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
-        layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
-        family = find_family(target.config)
-        if family is not None and layer.get("rope_parameters"):  # Gemma 3 has one per layer type
-            layer["rope_parameters"] = family.rope_parameters(target.config)
         config = cls(
             target=target.name,
             vocab_size=target.vocab_size,
@@ -104,7 +99,7 @@ class Eagle3Config:
             target_hidden_size=target.hidden_size,
             aux_layer_ids=aux,
             tokenizer_hash=tokenizer_hash(target.tokenizer),
-            layer=layer,
+            layer=draft_layer_fields(target),
             target_model_type=cfg.get("model_type"),
             **options,
         )
@@ -116,25 +111,40 @@ class Eagle3Config:
         return self.layer["hidden_size"]
 
     def validate(self, num_target_layers: int | None = None) -> Eagle3Config:
-        if not 0 < self.draft_vocab_size <= self.vocab_size:
-            raise BadInputError(
-                "draft_vocab_size", self.draft_vocab_size, f"an integer in [1, {self.vocab_size}]"
-            )
-        aux = self.aux_layer_ids
-        top = num_target_layers if num_target_layers is not None else 10**9
-        if not aux or len(set(aux)) != len(aux) or any(not 0 <= i < top for i in aux):
-            raise BadInputError("aux_layer_ids", aux, f"distinct layer ids in [0, {top})")
-        layers = self.num_layers
-        if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-            raise BadInputError("num_layers", layers, "an integer >= 1 (draft decoder layers)")
+        check_feature_head(self, num_target_layers)
         if self.fc_norm and self.norm_before_fc:
             raise BadInputError("fc_norm", True, "fc_norm or norm_before_fc, not both (EAGLE-3.1 flags)")
-        missing = [
-            k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in self.layer
-        ]
-        if missing:
-            raise BadInputError("layer", sorted(self.layer), f"the Llama fields {missing} too")
         return self
+
+
+def draft_layer_fields(target) -> dict:
+    """The draft layers' fields (LAYER_KEYS) copied from the target's config, head_dim filled in, and the
+    family's rope (Gemma 3 has one per layer type); EAGLE-3's, P-EAGLE's and DFlash's configs hold them."""
+    cfg = target.config.to_dict()
+    layer = {k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}
+    layer.setdefault("head_dim", target.hidden_size // cfg["num_attention_heads"])
+    family = find_family(target.config)
+    if family is not None and layer.get("rope_parameters"):
+        layer["rope_parameters"] = family.rope_parameters(target.config)
+    return layer
+
+
+def check_feature_head(cfg, num_target_layers: int | None) -> None:
+    """What every head reading the target's aux features has to satisfy (EAGLE-3, P-EAGLE, DFlash
+    configs): a draft vocabulary within the target's, distinct aux layer ids of the target, >= 1 draft
+    layer, and the layer fields the modules are built from."""
+    if not 0 < cfg.draft_vocab_size <= cfg.vocab_size:
+        raise BadInputError("draft_vocab_size", cfg.draft_vocab_size, f"an integer in [1, {cfg.vocab_size}]")
+    aux = cfg.aux_layer_ids
+    top = num_target_layers if num_target_layers is not None else 10**9
+    if not aux or len(set(aux)) != len(aux) or any(not 0 <= i < top for i in aux):
+        raise BadInputError("aux_layer_ids", aux, f"distinct layer ids in [0, {top})")
+    layers = cfg.num_layers
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise BadInputError("num_layers", layers, "an integer >= 1 (draft decoder layers)")
+    missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads") if k not in cfg.layer]
+    if missing:
+        raise BadInputError("layer", sorted(cfg.layer), f"the fields {missing} too")
 
 
 class Eagle3Attention(nn.Module):
