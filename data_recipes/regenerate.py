@@ -252,7 +252,7 @@ def _part_command(target, data_dir, out, params, max_new_tokens, seed, batch_siz
     words += ["--dtype", str(target.dtype).removeprefix("torch."), "--data", str(data_dir), "--out", str(out)]
     options = {"--temperature": params.temperature, "--top-p": params.top_p, "--top-k": params.top_k}
     options |= {"--max-new-tokens": max_new_tokens, "--seed": seed, "--batch-size": batch_size}
-    options["--num-shards"] = num_shards
+    options |= {"--engine": "draftsmith", "--num-shards": num_shards}  # every part on this engine
     return shlex.join(words + [str(w) for option in options.items() for w in option])
 
 

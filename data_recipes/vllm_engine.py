@@ -19,6 +19,7 @@ the tokenizer, builds every prompt and writes the output folder itself.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -57,10 +58,23 @@ def find_python(flag: str | None) -> str:
     resolved = shutil.which(candidate)  # absolute below: the worker runs in a scratch folder
     if resolved is None:
         raise BadInputError(FIELD, "vllm", f"a Python with vLLM (none at {candidate})", BUILD_HINT)
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    if subprocess.run([resolved, "-c", probe], capture_output=True).returncode != 0:
+    if not has_vllm(resolved):
         raise BadInputError(FIELD, "vllm", f"a Python with vLLM ({candidate} cannot import vllm)", BUILD_HINT)
     return os.path.abspath(resolved)  # not resolve(): a venv's python is a symlink out of the venv
+
+
+def has_vllm(python: str) -> bool:
+    """Whether `python` finds the vllm package (find_spec: vllm is not imported); asked once per process
+    for a path (a file rewritten since, by size or mtime, is asked again): `--engine auto` and the step
+    share one probe."""
+    st = os.stat(python)
+    return _probe(os.path.abspath(python), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _probe(python: str, size: int, mtime_ns: int) -> bool:
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
 
 
 def check_tensor_parallel(config, tp: int) -> None:

@@ -61,7 +61,8 @@ tail -1 "$OUT/logs/prepare.log"
 
 REGEN=(data regenerate --target "$TARGET" --dtype float32 --data "$OUT/data" --max-new-tokens "$MAX_NEW")
 phase "regenerate, draftsmith's engine"
-nice -n 10 "$DS" "${REGEN[@]}" --out "$OUT/regen-draftsmith" --batch-size 8 > "$OUT/logs/regen-draftsmith.log" 2>&1
+nice -n 10 "$DS" "${REGEN[@]}" --engine draftsmith --out "$OUT/regen-draftsmith" --batch-size 8 \
+  > "$OUT/logs/regen-draftsmith.log" 2>&1
 phase "regenerate, vLLM"
 nice -n 10 "$DS" "${REGEN[@]}" --engine vllm --max-num-seqs 8 --out "$OUT/regen-vllm" \
   > "$OUT/logs/regen-vllm.log" 2>&1
@@ -94,7 +95,8 @@ check nice -n 10 "$PY" scripts/vllm_data_check.py regen-agree --target "$TARGET"
 
 phase capture
 CAP=(data capture --target "$TARGET" --dtype float32 --data "$OUT/regen-draftsmith" --storage-dtype float32)
-nice -n 10 "$DS" "${CAP[@]}" --out "$OUT/capture-draftsmith" > "$OUT/logs/capture-draftsmith.log" 2>&1
+nice -n 10 "$DS" "${CAP[@]}" --engine draftsmith --out "$OUT/capture-draftsmith" \
+  > "$OUT/logs/capture-draftsmith.log" 2>&1
 nice -n 10 "$DS" "${CAP[@]}" --engine vllm --max-num-seqs 4 --out "$OUT/capture-vllm" \
   > "$OUT/logs/capture-vllm.log" 2>&1
 check nice -n 10 "$PY" scripts/vllm_data_check.py capture-agree --draftsmith "$OUT/capture-draftsmith" \

@@ -19,10 +19,10 @@ a co-trained target: L_next + w * L_eagle3 on the target's own features), `heads
 objectives: what the loop needs per head kind), `objectives` (the registry of objectives by head kind;
 runtime/heads/head_kinds.py registers the kinds), `trainer` (the loop, numerics guard), `accelerator_setup`
 (process group, precision, DeepSpeed), `checkpoints` (atomic, rotated, exact resume), `metrics`
-(metrics.jsonl, trackers, the PNG curve), `preflight`, `preflight_bytes`, `preflight_shapes` and
-`preflight_report` (the memory estimate before anything loads), `process_group`, `loader`, `hub` (Hub
-push), `export` (`draftsmith export`: a head in one of its kind's layouts, read back and compared) and
-`model_card`.
+(metrics.jsonl, trackers, the PNG curve), `preflight`, `preflight_bytes`, `preflight_shapes`,
+`preflight_families` (MoE and MLA targets) and `preflight_report` (the memory estimate before anything
+loads), `process_group`, `loader`, `hub` (Hub push), `export` (`draftsmith export`: a head in one of its
+kind's layouts, read back and compared) and `model_card`.
 `__main__` is what `accelerate launch -m draftsmith.train` runs (the CLI's train verb). Nothing here
 imports the runtime's CLI, demo and bench layer (tests/test_imports.py).
 """

@@ -12,6 +12,10 @@ it, runtime/heads/eagle3_kind.py and runtime/heads/mtp_kind.py): `draftsmith` (o
 (official / SGLang layout; `--engine vllm` writes the aux-layer ids the way vLLM reads them),
 `speculators` (vLLM's native layout), `mtp` (DeepSeek layout: the target with the modules appended as
 layers), `mtp-mimo` (one module in MiMo's layout, which vLLM serves as `method: mtp`).
+`--quantize fp8` writes an EAGLE-3 head's linears in FP8 with the compressed-tensors `quantization_config`
+vLLM loads drafts with (`--format speculators`, or `eagle3 --engine vllm`; runtime/heads/fp8_checkpoint.py);
+`--quantize int8` writes draftsmith's own int8 CPU folder of any kind (runtime/heads/int8_folder.py). The
+model card states the precision.
 An export is written to a temporary sibling folder, read back with the same importer `--draft` uses and
 compared tensor by tensor with the head, and only then renamed into place: a failed export leaves
 nothing half-written.
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from draftsmith.runtime.core.errors import BadInputError, check_output_dir, read_json
 from draftsmith.runtime.heads import head_kinds
+from draftsmith.runtime.heads.fp8_checkpoint import check_quantize
 from draftsmith.runtime.heads.head_kind import HeadKind, LayoutOptions
 from draftsmith.train.model_card import CardFacts, bench_rows, model_card, run_facts
 
@@ -52,6 +57,7 @@ class ExportRequest:
     vllm_check: str | None = None  # scripts/check_vllm.sh summary.json for the card
     speculative_tokens: int = 3  # drafted tokens per step in the speculators config and serve commands
     any_target: bool = False  # a co-trained eagle3 head for another target (runtime/heads/eagle3_binding.py)
+    quantize: str | None = None  # fp8 (eagle3 --engine vllm, speculators) or int8 (draftsmith folder)
     license: str | None = None
     push_to_hub: str | None = None
     private: bool = False
@@ -70,8 +76,15 @@ def export(req: ExportRequest) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.export-"))
     tmp.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared
     try:
-        options = LayoutOptions(req.engine, req.verifier, req.target, req.speculative_tokens, req.any_target)
-        written = layout.write(folder, tmp, options)
+        options = LayoutOptions(
+            req.engine, req.verifier, req.target, req.speculative_tokens, req.any_target, req.quantize
+        )
+        if req.quantize == "int8":  # draftsmith's own folder, int8 (runtime/heads/int8_folder.py)
+            from draftsmith.runtime.heads.int8_folder import write_int8_export
+
+            written = write_int8_export(kind, folder, tmp)
+        else:
+            written = layout.write(folder, tmp, options)
         facts = CardFacts(
             req.format,
             kind.name,
@@ -80,6 +93,7 @@ def export(req: ExportRequest) -> Path:
             engine=written.engine,
             size=written.size,
             details=written.details,
+            precision=written.precision,
         )
         facts.run = run_facts(_run_dir(folder))
         facts.bench, facts.bench_meta = bench_rows(Path(req.bench) if req.bench else None, folder)
@@ -126,6 +140,7 @@ def _check_request(req: ExportRequest, kind: HeadKind):
         raise BadInputError("--num-speculative-tokens", req.speculative_tokens, "an integer in [1, 16]")
     if req.engine not in ENGINES:
         raise BadInputError("--engine", req.engine, f"one of {', '.join(ENGINES)}")
+    check_quantize(req.quantize, req.format, req.engine, layouts[req.format])
     if req.push_to_hub:
         from draftsmith.train.hub import check_repo_id
 

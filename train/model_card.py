@@ -40,6 +40,7 @@ class CardFacts:
     bench_meta: dict = field(default_factory=dict)  # date, machine, threads, prompt set, command
     vllm: dict | None = None  # scripts/check_vllm.sh summary
     details: list[str] = field(default_factory=list)  # format-specific lines (aux ids, modules, ...)
+    precision: str = ""  # a quantized export's weights (fp8 / int8); "" = as trained, the size's dtypes
 
 
 def run_facts(run_dir: Path | None) -> dict:
@@ -98,6 +99,8 @@ def model_card(facts: CardFacts) -> str:
         "pipeline_tag": "text-generation",
         "tags": ["speculative-decoding", facts.head_type, "draftsmith", f"{facts.format}-layout"],
     }
+    if facts.precision:  # fp8 / int8: a quantized export says so in its Hub tags too
+        meta["tags"].append(facts.precision.split()[0])
     source = facts.run.get("config", {}).get("data", {}).get("source")
     if source in DATASETS:
         meta["datasets"] = [DATASETS[source]]
@@ -127,8 +130,17 @@ def _summary(facts: CardFacts) -> str:
     ]
     if facts.size:
         lines.append(f"- size: {facts.size}")
+    lines.append(f"- precision: {_precision(facts)}")
     lines += [f"- {d}" for d in facts.details]
     return "\n".join(lines) + "\n"
+
+
+def _precision(facts: CardFacts) -> str:
+    """A quantized export's precision, else the dtypes it was trained and written in."""
+    if facts.precision:
+        return facts.precision
+    dtypes = facts.size.rpartition(", ")[2] if facts.size else "the trained dtype"
+    return f"{dtypes} as trained (not quantized)"
 
 
 def _training(run: dict) -> str:
@@ -142,7 +154,7 @@ def _training(run: dict) -> str:
         f"{data.get('max_length')} tokens ({data.get('mode')} mode)",
         f"- steps: {train.get('max_steps')} x batch {train.get('batch_size')} "
         f"(grad accum {train.get('grad_accum')}), lr {train.get('lr')}",
-        f"- config: `draftsmith train --config {run['dir']}/config.yaml`",
+        f"- config: `draftsmith train --config {run.get('config_file', run['dir'] + '/config.yaml')}`",
     ]
     ev = run.get("eval") or {}
     if ev:
@@ -158,15 +170,16 @@ def _measured(facts: CardFacts) -> str:
     lines = ["## Measured\n"]
     if facts.bench:
         lines += [
-            "| method | temperature | batch | tokens/s | speedup vs plain | tau | acceptance per position |",
-            "|---|---|---|---|---|---|---|",
+            "| method | temperature | batch | tokens/s | speedup vs plain | tau | acceptance per position "
+            "| draft ms/cycle |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in facts.bench:
             lines.append(
                 f"| {r.get('method')} | {r.get('temperature')} | {r.get('batch_size', 1)} "
                 f"| {r.get('tokens_per_s')} | "
                 f"{r.get('speedup_vs_plain')} | {r.get('mean_accepted', 1.0)} | "
-                f"{r.get('accept_rate_per_position', [])} |"
+                f"{r.get('accept_rate_per_position', [])} | {r.get('draft_ms_per_cycle', '-')} |"
             )
         lines.append("")
         meta = facts.bench_meta

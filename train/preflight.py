@@ -27,7 +27,8 @@ and rows at full length (the worst case). `Setup.tp` > 1 is `target_placement=tp
 (runtime/core/placement.py: the layers split, the embedding, final norm and LM head whole on every rank); the
 report also tries it as a what-if to say what would fit. Activation dtypes follow the precision: "fp32"
 (CPU runs), "amp" (autocast over float32 parameters: DDP/FSDP on GPUs), "half" (DeepSpeed's bf16 module,
-no autocast). Sizes are estimates; GB are 1e9 bytes.
+no autocast). Sizes are estimates; GB are 1e9 bytes. MoE and MLA targets (Qwen3-MoE, Mixtral, DeepSeek-V3)
+take their weights per rank, KV cache and layer working set from train/preflight_families.py.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from draftsmith.train.preflight_bytes import (  # noqa: F401 (Term, count: re-ex
     norm_saved,
     ttt_kernel,
 )
+from draftsmith.train.preflight_families import tp_is_what_if
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters, lora_parameters
 
 # DeepSpeed's defaults (its zero_optimization docs): reduce_bucket_size and stage3_max_live_parameters.
@@ -175,6 +177,8 @@ def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) ->
     offline = k.mode == "offline" and k.cotrain is None
     # tensor parallel (runtime/core/placement.py): the layers split, embedding + norm + LM head whole per rank
     weights = s.part_bytes if offline else s.part_bytes + (whole - s.part_bytes) / setup.tp
+    if not offline and not s.arch.dense:  # MoE / MLA: each parameter's own TP share (preflight_families.py)
+        weights = s.arch.weights_per_rank(whole, setup.tp)
     where = (
         "embedding + final norm + LM head (offline: the parts the batches read)"
         if offline
@@ -182,6 +186,9 @@ def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) ->
         if setup.tp > 1
         else "whole on every rank"
     )
+    if not offline and not s.arch.dense:
+        what_if = " (what-if)" if tp_is_what_if(s) else ""  # DeepSeek-V3: the TP loader refuses it
+        where = s.arch.describe() + (f"; TP split over {setup.tp} ranks{what_if}" if setup.tp > 1 else "")
     terms = [
         Term(
             "target weights",
@@ -243,6 +250,8 @@ def target_forward_bytes(s: TargetShapes, mode: str, tp: int) -> float:
     """One decoder layer's transient working set per token under no_grad (the larger of a norm's fp32
     copies and the MLP's three [I] tensors), split by tensor parallelism."""
     b = 4 if mode == "fp32" else s.dtype_bytes
+    if not s.arch.dense:  # MoE experts, MLA's expanded keys and values (train/preflight_families.py)
+        return s.arch.forward_work(mode, b, s.hidden, tp)
     norm = 2 * b * s.hidden + (0 if mode == "fp32" else 8 * s.hidden)
     mlp = 2 * b * s.hidden + 3 * b * s.intermediate / tp
     return max(norm, mlp)
@@ -258,9 +267,12 @@ def eagle3_batch_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
     terms = []
     if k.mode == "online":
         kv = s.layers * 2 * s.kv_width * b / setup.tp
+        width = f"2 x {s.kv_width}"
+        if not s.arch.dense:  # MLA's latent cache, KV heads replicated past num_key_value_heads ranks
+            kv, width = s.arch.kv_cache_bytes(b, setup.tp), f"{s.arch.cache_width}"
         ws = target_forward_bytes(s, setup.mode, setup.tp)
         row = k.length * (kv + max(ws + b * a_h, 2 * b * a_h + b * s.hidden))
-        how = f"per row: KV cache ({s.layers} layers x 2 x {s.kv_width} x {b} B / token), a layer's work"
+        how = f"per row: KV cache ({s.layers} layers x {width} x {b} B / token), a layer's work"
         terms.append(
             Term("target forward (no_grad)", (k.batch - 1) * k.length * state * b + row, how, "batch")
         )

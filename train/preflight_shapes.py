@@ -18,6 +18,7 @@ import torch
 
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of
+from draftsmith.train.preflight_families import TargetArch, meta_model
 
 if TYPE_CHECKING:
     from draftsmith.train.preflight import Knobs
@@ -106,6 +107,8 @@ class TargetShapes:
     buffer_bytes: int  # rotary tables
     part_bytes: int  # embedding + final norm + LM head: what offline training holds (TargetParts)
     embedding_params: int  # embedding + LM head parameters (frozen in co-training by default)
+    # MoE / MLA layer shapes and TP shares (train/preflight_families.py); dense formulas when arch.dense
+    arch: TargetArch | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def load(cls, spec: str, dtype: torch.dtype, resolve: bool = False) -> TargetShapes:
@@ -114,10 +117,7 @@ class TargetShapes:
 
     @classmethod
     def from_config(cls, config, name: str, dtype: torch.dtype) -> TargetShapes:
-        from transformers import AutoModelForCausalLM
-
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = meta_model(config, name, dtype)
         params = list(model.parameters())  # shared (tied) tensors appear once
         family = family_of(config)
         decoder = model.get_submodule(family.decoder)  # a vision-language model nests its text decoder
@@ -134,6 +134,7 @@ class TargetShapes:
             buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
             part_bytes=sum(p.numel() * p.element_size() for p in parts.values()),
             embedding_params=sum(p.numel() for p in embeds.values()),
+            arch=TargetArch.of(model, config),
         )
 
     # the dims the formulas read

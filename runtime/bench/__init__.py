@@ -1,9 +1,12 @@
 """`draftsmith bench` (bench layer: may import everything): methods side by side, timing, reports.
 
-`run` (one bench run: build methods, time them per temperature and batch size, write the report),
-`methods` (the methods it times), `types` (what every method returns), `compare` (summaries, greedy
-identity, side-by-side rows), `report` (results.json, report.md, plots), `prompt_sets` (held-out prompt
-sets), `roofline` (what plain decoding could reach), `side_by_side` and `speed` (timing against
-transformers), `vllm_method` (vLLM baselines through runtime/workers/vllm_worker.py), `ssd_replay` (the
-SSD replay simulator: recorded cycles + a hardware pair's costs -> predicted tokens/s).
+`run` (one bench run: build methods, time them per temperature and batch size, write the report), `methods`
+(the methods it times), `types` (what every method returns), `compare` (summaries, greedy identity,
+side-by-side rows), `cycle_fields` (draft / verify ms per cycle, draft share, +ssd cache metrics), `report`
+(results.json, report.md, plots), `prompt_sets` (held-out prompt sets), `roofline` (what plain decoding could
+reach), `side_by_side` and `speed` (timing against transformers), `vllm_method` (vLLM baselines through
+runtime/workers/vllm_worker.py), `ssd_replay` (the SSD replay simulator: recorded cycles + a hardware pair's
+costs -> predicted tokens/s), `ssd_costs` (per-step costs of a 70B target on H100s and its drafters, from
+bytes / bandwidth, overheads and all-reduces) and `ssd_projection` (the simulator's projected table for that
+pair, from a published acceptance profile).
 """

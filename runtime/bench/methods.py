@@ -16,6 +16,9 @@ Method specs:
     vllm-eagle3:DIR[@chain:K]  vLLM's EAGLE-3 speculative decoding with a head (K = 2 by default)
     plain+graphs, DRAFT@TREE+graphs   draftsmith's GPU engine path: static KV cache, CUDA graphs for the
                           target's forwards (runtime/static/forward.py; eager on a CPU)
+    DRAFT@chain:K+ssd[:F] speculative speculative decoding in process (runtime/drafters/ssd.py, `generate
+                          --ssd`), fan-out budget F (8 by default); ngram, self: and model: drafts
+Speculative rows also carry draft and verify time per cycle (runtime/bench/cycle_fields.py).
 transformers' assisted and prompt-lookup generation decode one sequence at a time (its `generate()` raises
 for batch > 1), so those rows exist at batch size 1 only; `supports_batch` says so before anything runs.
 """
@@ -34,6 +37,8 @@ from draftsmith.runtime.verify.tree import parse_tree_spec
 log = logging.getLogger("draftsmith")
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
 GRAPHS = "+graphs"  # suffix: the same method on the static / CUDA-graph engine path
+SSD = "+ssd"  # suffix: the same draft through SsdDrafter, `+ssd:F` with fan-out budget F
+SSD_FANOUT = 8  # `generate --ssd-fanout`'s default
 
 
 class DraftsmithMethod(Method):
@@ -79,19 +84,31 @@ class DraftsmithMethod(Method):
         else:
             policy = self.policy(len(prompts))
             results = generate_speculative(
-                self.target, self.drafter, prompts, params, *run, policy=policy, static=self.static
+                self.target,
+                self.drafter,
+                prompts,
+                params,
+                *run,
+                policy=policy,
+                static=self.static,
+                sync_timing=self.sync_timing,
             )
-        spec = None
+        spec, timing = None, {}
         if self.drafter is not None:
-            spec = SpecCounters()
+            from draftsmith.runtime.bench.cycle_fields import batch_timing
+
+            spec, timing = SpecCounters(), batch_timing(results)
             for r in results:
                 spec.add(SpecCounters.from_cycles(r.accepted_lengths, r.draft_depths))
+            if hasattr(self.drafter, "batch_metrics"):  # +ssd: this call was one batch, the last one
+                timing["ssd"] = self.drafter.batch_metrics()[-1]
         return BatchOutput(
             token_ids=[r.token_ids for r in results],
             wall_s=max(r.wall_s for r in results),
             ttft_s=[r.ttft_s for r in results],
             spec=spec,
             target_forwards=sum(r.target_forwards for r in results),
+            **timing,
         )
 
 
@@ -158,10 +175,13 @@ class HfMethod(Method):
 def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int = 2048) -> Method:
     """A method spec (module docstring) -> a ready method (heads loaded, costs measured)."""
     base, static = spec.removesuffix(GRAPHS), spec.endswith(GRAPHS)
+    base, fanout = split_ssd(base, spec)
     if base == "plain":
         return DraftsmithMethod(spec, target, batch_sizes, static=static)
     if static and is_baseline(base):
         raise BadInputError("method", spec, f"plain{GRAPHS} or DRAFT@TREE{GRAPHS} (draftsmith's engine)")
+    if fanout is not None and (static or is_baseline(base) or "@" not in base):
+        raise BadInputError("method", spec, f"DRAFT@chain:K{SSD} or DRAFT@chain:K{SSD}:F (no {GRAPHS})")
     if spec in ("hf", "hf-prompt-lookup"):
         return HfMethod(spec, target)
     if spec.startswith("hf-assisted:"):
@@ -182,11 +202,28 @@ def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int =
     draft, at, tree = base.partition("@")
     if not at or not draft or draft in ("plain", "none") or draft.startswith(("hf", "vllm")):
         raise BadInputError("method", spec, f"one of {', '.join(BASELINE_KINDS)}, or DRAFT@TREE[{GRAPHS}]")
-    return build_draft_method(spec, draft, tree, target, batch_sizes, static)
+    return build_draft_method(spec, draft, tree, target, batch_sizes, static, fanout)
+
+
+def split_ssd(base: str, spec: str) -> tuple[str, int | None]:
+    """`DRAFT@TREE+ssd[:F]` -> (DRAFT@TREE, F); without the suffix (base, None)."""
+    head, at, fanout = base.rpartition(SSD)
+    if not at or (fanout and not fanout.startswith(":")):
+        return base, None
+    fanout = fanout.removeprefix(":") or str(SSD_FANOUT)
+    if not fanout.isdigit():
+        raise BadInputError("method", spec, f"DRAFT@chain:K{SSD}:F with F an integer (the fan-out budget)")
+    return head, int(fanout)
 
 
 def build_draft_method(
-    spec: str, draft: str, tree: str, target, batch_sizes: list[int], static: bool = False
+    spec: str,
+    draft: str,
+    tree: str,
+    target,
+    batch_sizes: list[int],
+    static: bool = False,
+    fanout: int | None = None,
 ) -> Method:
     from draftsmith.runtime.drafters.drafting import build_drafter
     from draftsmith.runtime.heads.head_kinds import parse_tree
@@ -197,4 +234,17 @@ def build_draft_method(
     drafter = build_drafter(draft, target, chain(depth) if depth else parse_tree(draft, tree))
     if drafter is None:
         raise BadInputError("--draft", draft, "a draft (plain decoding is the `plain` baseline)")
+    if fanout is not None:
+        drafter = ssd_drafter(spec, drafter, depth, fanout)
     return DraftsmithMethod(spec, target, batch_sizes, drafter=drafter, max_depth=depth, static=static)
+
+
+def ssd_drafter(spec: str, proto, auto_depth: int, fanout: int):
+    """A built chain drafter -> SsdDrafter over clones of it (as `generate --ssd` builds it, cli/ssd.py)."""
+    from draftsmith.runtime.drafters.ssd import SsdDrafter, clone_factory
+    from draftsmith.runtime.verify.tree import Tree, chain
+
+    tree = proto.tree
+    if auto_depth or not isinstance(tree, Tree) or tree != chain(tree.max_depth):
+        raise BadInputError("method", spec, f"a chain:K tree with {SSD} (as `generate --ssd`)")
+    return SsdDrafter(clone_factory(proto), tree.max_depth, fanout)

@@ -14,6 +14,7 @@ import json
 import logging
 from pathlib import Path
 
+from draftsmith.runtime.bench.cycle_fields import ssd_table
 from draftsmith.runtime.core.config import atomic_write_text
 
 log = logging.getLogger("draftsmith")
@@ -27,8 +28,8 @@ def format_table(rows: list[dict]) -> str:
     """Markdown: one line per row."""
     lines = [
         "| method | T | batch | tok/s | speedup | tau | efficiency | acceptance per position "
-        "| TTFT ms | TPOT ms | greedy identical |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
+        "| draft ms/cycle | verify ms/cycle | draft share | TTFT ms | TPOT ms | greedy identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         accept = (
@@ -48,7 +49,8 @@ def format_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['method']} | {r['temperature']:g} | {r['batch_size']} | {r['tokens_per_s']:.1f} "
             f"| {r['speedup_vs_plain']:.2f} | {_fmt(r.get('mean_accepted'))} | {_fmt(r.get('efficiency'))} "
-            f"| {accept}{depth} | {_fmt(r['ttft_ms']['median'], '.0f')} "
+            f"| {accept}{depth} | {_fmt(r.get('draft_ms_per_cycle'))} | {_fmt(r.get('verify_ms_per_cycle'))} "
+            f"| {_fmt(r.get('draft_share_of_wall'), '.0%')} | {_fmt(r['ttft_ms']['median'], '.0f')} "
             f"| {_fmt(r['tpot_ms']['median'], '.1f')} | {same} |"
         )
     return "\n".join(lines)
@@ -155,6 +157,13 @@ def report_markdown(rows: list[dict], meta: dict, plots: list[str]) -> str:
         ]
     parts += ["## Speedup over plain decoding", "", speedup_matrix(rows), ""]
     parts += ["## Results", "", format_table(rows), ""]
+    parts += [
+        "draft / verify ms per cycle: the mean over the row's batch cycles (one verify forward of the whole"
+        " batch; runtime/bench/cycle_fields.py); draft share: drafting's share of the wall time.",
+        "",
+    ]
+    ssd = ssd_table(rows)
+    parts += ["## SSD (in process)", "", ssd, ""] if ssd else []
     if meta.get("skipped"):
         parts += [
             "Not run: "

@@ -60,6 +60,7 @@ class BenchRequest:
     group_size: int | None = None
     quantize_draft: str = "none"
     draft_group_size: int | None = None
+    sync_timing: bool = False  # synchronize CUDA around each timed draft / verify phase (cycle_timing.py)
 
     def method_specs(self) -> list[str]:
         specs = ["plain", *[b for b in self.baselines if b != "plain"]]
@@ -118,6 +119,8 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)
     log.info("bench: %d prompts from %s; methods: %s", len(convs), req.prompts, ", ".join(specs))
     methods = {spec: build_method(spec, target, req.batch_sizes) for spec in specs}
+    for method in methods.values():
+        method.sync_timing = req.sync_timing
     drafts = {}  # method -> its draft's quantization; drafters without weights (ngram, self:) run as they are
     for spec, method in methods.items():
         drafter = getattr(method, "drafter", None)

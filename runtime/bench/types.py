@@ -76,6 +76,12 @@ class BatchOutput:
     ttft_s: list[float | None]  # per request: time to its first new token (None: not measurable)
     spec: SpecCounters | None = None  # None for methods that do not speculate or do not say
     target_forwards: int | None = None  # summed over requests (prefills included); None when unknown
+    # draftsmith's speculative engine only (None elsewhere; runtime/bench/cycle_fields.py pools them):
+    # the batch's cycles (verify forwards of the whole batch) and their summed draft / verify seconds
+    timed_cycles: int | None = None
+    draft_s: float | None = None
+    verify_s: float | None = None
+    ssd: dict | None = None  # `+ssd` methods: this batch's SsdDrafter.batch_metrics() entry
 
 
 BASELINE_KINDS = (  # what `--baselines` takes (runtime/bench/methods.py runs them)
@@ -102,6 +108,7 @@ class Method:
 
     name: str
     max_batch: int | None = None  # None: any batch size
+    sync_timing: bool = False  # draftsmith's engine: synchronize CUDA around each timed phase
 
     def unsupported(self, batch: int, params: SamplingParams) -> str | None:
         """None if this method runs at this batch size and temperature, else why not."""

@@ -64,7 +64,11 @@ def add_bench(sub) -> None:
             "  draftsmith bench --draft eagle3:HEAD --baselines plain,vllm,vllm-eagle3:HEAD@chain:2\n"
             "  draftsmith bench --device cuda --baselines plain,plain+graphs \\\n"
             "      --draft 'eagle3:HEAD@chain:3+graphs'\n\n"
-            "A +graphs suffix runs plain or DRAFT@TREE on the GPU engine path (static KV cache, CUDA graphs)."
+            "A +graphs suffix runs plain or DRAFT@TREE on the GPU engine path (static KV cache,\n"
+            "CUDA graphs). A +ssd[:F] suffix (DRAFT@chain:K+ssd:8) runs the draft through SSD in process\n"
+            "(generate --ssd).\n"
+            "Speculative rows carry draft and verify ms per cycle (mean), the draft share of wall time, and\n"
+            "for +ssd the hit rate per accepted length, draft latency hidden and target idle time."
         ),
     )
     add_target_args(p)
@@ -116,6 +120,12 @@ def add_bench(sub) -> None:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring bandwidth and matmul rate")
     p.add_argument("--out", default="runs/bench", help="output folder")
+    p.add_argument(
+        "--sync-timing",
+        action="store_true",
+        help="on CUDA, synchronize at each draft / verify phase boundary so every kernel counts in the phase "
+        "that launched it (costs a stall per phase; CPU runs are exact without it)",
+    )
     p.set_defaults(run=run_bench_cli)
 
 
@@ -146,6 +156,7 @@ def run_bench_cli(args: argparse.Namespace) -> None:
         group_size=args.group_size,
         quantize_draft=args.quantize_draft,
         draft_group_size=args.draft_group_size,
+        sync_timing=args.sync_timing,
         command="draftsmith " + " ".join(shlex.quote(a) for a in args.argv),
     )
     run_bench(request)

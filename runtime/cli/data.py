@@ -22,7 +22,9 @@ def add_data(sub) -> None:
             "a step with the same inputs is a no-op, a killed step resumes. regenerate and capture take\n"
             "--num-shards N --shard-index K (one process or machine per part; the parts read as one). Under\n"
             "torchrun they take --target-placement tp --tp-size N: the target split over N processes, each\n"
-            'group of N making one part (README, "Targets larger than one GPU").\n\n'
+            'group of N making one part (README, "Targets larger than one GPU"). regenerate and capture run\n'
+            "on --engine auto: vLLM where it is measured faster (regenerate on a CPU-only machine) and a\n"
+            "Python with vLLM is found, else draftsmith's engine; the log names the engine and why.\n\n"
             "examples:\n"
             "  draftsmith data prepare --source sharegpt --out data/sg --max-samples 1000 --max-length 1024\n"
             "  draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8\n"
@@ -167,18 +169,21 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """`--engine vllm`: the step runs on vLLM in another Python (draftsmith.data_recipes.vllm_engine)."""
+    """`--engine vllm`: the step runs on vLLM in another Python (draftsmith.data_recipes.vllm_engine);
+    `auto` picks one (draftsmith.data_recipes.engine_choice)."""
     p.add_argument(
         "--engine",
-        choices=["draftsmith", "vllm"],
-        default="draftsmith",
-        help="draftsmith (its own engine, static batches) or vllm (continuous batching / vLLM's hidden-state "
-        "extraction, run by --vllm-python; `bash scripts/vllm_env.sh` builds .venv-vllm)",
+        choices=["auto", "draftsmith", "vllm"],
+        default="auto",
+        help="auto (vLLM where it is measured faster and a Python with vLLM is found, today: regenerate on a "
+        "CPU-only machine, one process; else draftsmith; the log says which and why), draftsmith (its own "
+        "engine, static batches) or vllm (continuous batching / vLLM's hidden-state extraction, run by "
+        "--vllm-python; `bash scripts/vllm_env.sh` builds .venv-vllm)",
     )
     p.add_argument(
         "--vllm-python",
         default=None,
-        help="with --engine vllm: a Python that has vLLM (default $DRAFTSMITH_VLLM_PYTHON, else "
+        help="with --engine vllm or auto: a Python that has vLLM (default $DRAFTSMITH_VLLM_PYTHON, else "
         "./.venv-vllm/bin/python)",
     )
     p.add_argument(
@@ -199,6 +204,10 @@ def _run_data(step: str):
     def run(args: argparse.Namespace) -> None:
         import importlib
 
+        if getattr(args, "engine", "draftsmith") == "auto":  # one log line says which engine and why
+            from draftsmith.data_recipes.engine_choice import choose_engine
+
+            choose_engine(step, args)
         # --engine vllm: the step on vLLM in its own Python (data_recipes/vllm_regenerate.py, vllm_capture.py)
         name = f"vllm_{step}" if getattr(args, "engine", "draftsmith") == "vllm" else step
         module = importlib.import_module(f"draftsmith.data_recipes.{name}")

@@ -1,11 +1,16 @@
-"""`draftsmith demo`: the main job on the embedded defaults: data -> train -> head -> bench -> export.
+"""`draftsmith demo`: the main job on the embedded defaults: head -> bench -> export (-> train on request).
 
-    draftsmith demo --quick            # a short training run and a small bench (well under 15 minutes)
-    draftsmith demo                    # the full CPU recipe (configs/eagle3-smollm2-135m.yaml, ~1.5 h)
+    draftsmith demo                    # the shipped head (heads/eagle3-smollm2-135m): bench + export, minutes
+    draftsmith demo --train            # train a new head with the full CPU recipe first (about an hour)
+    draftsmith demo --quick            # a 40-step head and a small bench: the whole pipeline in minutes
 
-1. data + train: `draftsmith train` with the config named by `train_config` (the data steps run or are
-   reused from the cache; a finished run is reused, an interrupted one resumes);
-2. head: `output_dir/final/` of that run, in draftsmith's layout (engine layouts: `draftsmith export`);
+1. head: `head` names a shipped head (a folder of heads/, trained by the shipped recipe; its README says
+   by which command, commit and machine) or any head folder. With `--train` (or `head: ""`), data + train
+   run first: `draftsmith train` with the config named by `train_config` (the data steps run or are
+   reused from the cache; a finished run is reused, an interrupted one resumes), and the head is that
+   run's `output_dir/final/`, in draftsmith's layout (engine layouts: `draftsmith export`);
+2. the head is loaded strictly against the target (a head for another target is refused, saying how to
+   train one);
 3. bench: `draftsmith bench` at batch 1 on held-out prompts (`prompt_set`): plain decoding,
    transformers `generate()` and prompt lookup, and the trained head (chain and dynamic tree) side by
    side, greedy tokens checked against plain decoding; prints the table and writes the bench's
@@ -46,6 +51,7 @@ QUICK_TRAIN = [  # --quick: about 5 minutes of training on 2 cores
 @dataclass
 class DemoConfig:
     target: str = "smollm2-135m"  # alias, folder, Hub id or .gguf
+    head: str = ""  # a shipped head (heads/NAME) or a head folder; "" = train one with train_config
     train_config: str = "eagle3-smollm2-135m.yaml"  # a packaged config name or a YAML path
     train_overrides: list[str] = field(default_factory=list)  # key=value for the train config
     prompt_set: str = "sharegpt"  # held-out bench prompts: sharegpt, humaneval or jsonl:FILE
@@ -103,6 +109,64 @@ def train_config_path(name: str) -> Path:
     return packaged if packaged.is_file() else Path(name)
 
 
+def shipped_heads() -> dict[str, Path]:
+    """Name -> folder of the heads shipped in the repository (heads/NAME/, package draftsmith.heads)."""
+    root = Path(str(files("draftsmith.heads")))
+    return {p.name: p for p in sorted(root.iterdir()) if (p / "config.json").is_file()}
+
+
+def resolve_head(name: str) -> Path:
+    """`head`: a shipped head's name or a head folder -> the folder (bad input names the choices)."""
+    folder = shipped_heads().get(name, Path(name))
+    if not (folder / "config.json").is_file():
+        raise BadInputError(
+            "head", name, f"a shipped head ({', '.join(shipped_heads()) or 'none'}) or a head folder; "
+            "or `draftsmith demo --train` to train one"
+        )  # fmt: skip
+    try:  # heads/NAME rather than /abs/path/heads/NAME in bench rows and model cards, run from the repo
+        return folder.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return folder
+
+
+def use_head(cfg: DemoConfig):
+    """Steps 1-2 without training: the head `cfg.head` names, loaded strictly against the target ->
+    (head folder, its training's last evaluation row or None, the target, reused by the bench)."""
+    from draftsmith.runtime.core.target import Target
+    from draftsmith.runtime.heads import head_kinds
+
+    folder = resolve_head(cfg.head)
+    kind, expected = head_kinds.of_folder(folder, "head"), cfg.head_kind()
+    if kind is not expected:
+        raise BadInputError(
+            "head", str(folder), f"a {expected.name} head (the demo's methods draft with one)"
+        )
+    target = Target.load(cfg.target, device=cfg.device, dtype=cfg.dtype)
+    try:
+        kind.module_class().from_pretrained(folder, target)
+    except BadInputError as err:
+        raise BadInputError(
+            "head", str(folder), f"a head for the target {cfg.target}: `draftsmith demo --train` trains one",
+            str(err),
+        ) from None  # fmt: skip
+    record = folder / "training.json"  # shipped heads: how they were trained (scripts/ship_head.py)
+    last_eval = json.loads(record.read_text()).get("validation") if record.is_file() else None
+    log.info("demo 1/4: no training: the head %s (`draftsmith demo --train` trains a new one)", folder)
+    return folder, last_eval, target
+
+
+def expected_training_time(steps: int) -> str:
+    """What the shipped head's training took, scaled to `steps`: the up-front estimate for --train."""
+    for folder in shipped_heads().values():
+        record = folder / "training.json"
+        if record.is_file():
+            done = json.loads(record.read_text())  # per step alone on the machine, where it was shared
+            per_step = done.get("seconds_per_step_alone") or done["train_seconds"] / done["steps"]
+            minutes = per_step * steps / 60
+            return f"about {minutes:.0f} min, as the shipped head took on {done['machine']}"
+    return "no shipped head to estimate from"
+
+
 def train_head(cfg: DemoConfig, quick: bool):
     """Steps 1-2: train (or reuse / resume) the head; -> (head folder, last evaluation row, the target
     the trainer loaded, reused by the bench instead of loading it twice)."""
@@ -113,16 +177,22 @@ def train_head(cfg: DemoConfig, quick: bool):
     if quick:
         overrides += [*QUICK_TRAIN, f"output_dir={Path(cfg.out_dir) / 'head-run'}"]
     train_cfg = load_train_config(train_config_path(cfg.train_config), overrides + cfg.train_overrides)
-    log.info("demo 1/4: data + train -> %s (%d steps)", train_cfg.output_dir, train_cfg.train.max_steps)
+    steps = train_cfg.train.max_steps
+    log.info("demo 1/4: data + train -> %s (%d steps; %s; the bar shows this machine's ETA)",
+             train_cfg.output_dir, steps, expected_training_time(steps))  # fmt: skip
     trainer = Trainer(train_cfg)
     last_eval = trainer.fit()
     return Path(train_cfg.output_dir) / "final", last_eval, trainer.target
 
 
-def demo_main(config_path: str | None, overrides: list[str], quick: bool = False) -> dict:
+def demo_main(
+    config_path: str | None, overrides: list[str], quick: bool = False, train: bool = False
+) -> dict:
     from draftsmith.runtime.bench.prompt_sets import load_prompt_set
 
     cfg = load_config(DemoConfig, config_path or default_config_path(), overrides)
+    if quick or train:  # --quick checks the training pipeline too: its 40-step head
+        cfg.head = ""
     if quick:
         cfg.num_prompts, cfg.max_new_tokens, cfg.repeats = (
             min(cfg.num_prompts, 4),
@@ -133,14 +203,17 @@ def demo_main(config_path: str | None, overrides: list[str], quick: bool = False
     cfg.validate()
     out = Path(cfg.out_dir)
     load_prompt_set(cfg.prompt_set, cfg.num_prompts)  # bad input fails before training
-    head, last_eval, target = train_head(cfg, quick)
-    log.info("demo 2/4: head %s (simulated tau on validation %.2f)", head, last_eval["simulated_tau"])
-    command = "draftsmith demo" + (" --quick" if quick else "") + "".join(f" {o}" for o in overrides)
+    head, last_eval, target = use_head(cfg) if cfg.head else train_head(cfg, quick)
+    tau = f"{last_eval['simulated_tau']:.2f}" if last_eval else "not recorded"
+    log.info("demo 2/4: head %s (simulated tau on validation %s)", head, tau)
+    flags = (" --quick" if quick else "") + (" --train" if train else "")
+    command = "draftsmith demo" + flags + "".join(f" {o}" for o in overrides)
     rows = bench_head(cfg, head, target, out / "bench", command)["rows"]  # prints its table as it goes
     result = {
         "command": command,
         "config": asdict(cfg),
         "head": str(head),
+        "head_trained_here": not cfg.head,
         "head_validation": last_eval,
         "bench": str(out / "bench"),
         "rows": rows,

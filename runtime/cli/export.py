@@ -20,7 +20,9 @@ EXAMPLES = (
     "  draftsmith export runs/eagle3-smollm2-135m --format speculators --out exports/spec \\\n"
     "      --bench runs/bench-eagle3/compare-sharegpt.json --push-to-hub me/smol-eagle3 --private\n"
     "  draftsmith export runs/mtp-smollm2-135m --format mtp --out exports/mtp-deepseek\n"
-    "  draftsmith export runs/medusa-smollm2-135m --format medusa --out exports/medusa-vllm"
+    "  draftsmith export runs/medusa-smollm2-135m --format medusa --out exports/medusa-vllm\n"
+    "  draftsmith export runs/eagle3-smollm2-135m --format speculators --quantize fp8 --out exports/fp8\n"
+    "  draftsmith export runs/eagle3-smollm2-135m --quantize int8 --out exports/eagle3-int8"
 )
 
 
@@ -82,6 +84,13 @@ def add_export(sub) -> None:
         "target (refused otherwise)",
     )
     p.add_argument(
+        "--quantize",
+        choices=("fp8", "int8"),
+        help="fp8: an EAGLE-3 head's linears as FP8 e4m3 (per-channel scales) with the compressed-tensors "
+        "quantization_config vLLM loads (--format speculators, or eagle3 --engine vllm); int8: "
+        "draftsmith's own int8 CPU folder (--format draftsmith, any kind). The card states the precision",
+    )
+    p.add_argument(
         "--num-speculative-tokens",
         type=int,
         default=3,
@@ -115,6 +124,7 @@ def run_export(args: argparse.Namespace) -> None:
             vllm_check=args.vllm_check,
             speculative_tokens=args.num_speculative_tokens,
             any_target=args.any_target,
+            quantize=args.quantize,
             license=args.license,
             push_to_hub=args.push_to_hub,
             private=args.private,

@@ -204,31 +204,40 @@ def result_row(target, prompt: str, res) -> dict:
         "accepted_lengths": res.accepted_lengths,  # per cycle (replays: runtime/bench/ssd_replay.py)
         "wall_s": round(res.wall_s, 4),
         "tokens_per_s": round(res.new_tokens / res.wall_s, 3),
+        # this row's cycles, each the whole batch's (runtime/core/cycle_timing.py): summed draft / verify time
+        "draft_s": round(sum(res.cycle_draft_s), 4),
+        "verify_s": round(sum(res.cycle_verify_s), 4),
     }
 
 
 def add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="the main job on embedded defaults: data -> train an EAGLE-3 head -> bench -> export",
+        help="the main job on embedded defaults: the shipped EAGLE-3 head -> bench -> export",
         formatter_class=Formatter,
         description=(
-            "Prepare data, train an EAGLE-3 head for the embedded target (configs/eagle3-smollm2-135m.yaml;\n"
-            "a finished run is reused, an interrupted one resumes), then decode held-out prompts with plain\n"
-            "decoding, transformers generate(), prompt lookup and the head (chain and dynamic tree) side by\n"
-            "side (warmed up, interleaved), check greedy tokens against plain decoding and print tokens/s,\n"
-            "speedup, tau and acceptance per position; then exports the head (export_formats: the SGLang\n"
-            "and speculators layouts) with model cards quoting those rows.\n"
+            "Decode held-out prompts with plain decoding, transformers generate(), prompt lookup and an\n"
+            "EAGLE-3 head (chain and dynamic tree) side by side (warmed up, interleaved), check greedy\n"
+            "tokens against plain decoding and print tokens/s, speedup, tau and acceptance per position;\n"
+            "then export the head (export_formats: the SGLang and speculators layouts) with model cards\n"
+            "quoting those rows.\n"
+            "The head: the one shipped in heads/eagle3-smollm2-135m (trained by the shipped recipe; its\n"
+            "README names the command, commit and machine), `head=DIR` for another, or with --train a new\n"
+            "one: data + `draftsmith train` with configs/eagle3-smollm2-135m.yaml first (a finished run is\n"
+            "reused, an interrupted one resumes; the expected time is printed before it starts).\n"
             "Writes OUT/results.json, OUT/config.yaml and OUT/export-FORMAT/ (OUT = out_dir, default\n"
             "runs/demo).\n\n"
             "examples:\n"
-            "  draftsmith demo --quick                    # a 40-step head, 4 prompts: under 15 minutes\n"
-            "  draftsmith demo                            # the full CPU recipe (~1.5 h on 2 cores)\n"
-            "  draftsmith demo prompt_set=humaneval num_prompts=20 'train_overrides=[train.max_steps=200]'"
+            "  draftsmith demo                     # the shipped head: bench + export in minutes\n"
+            "  draftsmith demo --train             # train the recipe's head first (~1 h on 2 cores)\n"
+            "  draftsmith demo --quick             # a 40-step head, 4 prompts: the whole pipeline, minutes\n"
+            "  draftsmith demo prompt_set=humaneval num_prompts=20\n"
+            "  draftsmith demo --train 'train_overrides=[train.max_steps=200]'"
         ),
     )
     p.add_argument("--config", help="YAML demo config (default: the packaged demo-smollm2-135m.yaml)")
     p.add_argument("--quick", action="store_true", help="a 40-step head and 4 prompts x 32 tokens")
+    p.add_argument("--train", action="store_true", help="train a new head (train_config) instead of `head`")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. num_prompts=20")
     p.set_defaults(run=run_demo)
 
@@ -236,7 +245,7 @@ def add_demo(sub) -> None:
 def run_demo(args: argparse.Namespace) -> None:
     from draftsmith.runtime.cli.demo import demo_main
 
-    demo_main(args.config, args.overrides, quick=args.quick)
+    demo_main(args.config, args.overrides, quick=args.quick, train=args.train)
 
 
 def add_train(sub) -> None:

@@ -6,11 +6,12 @@
   per-layer-type rope), `targets` (resolving --target specs, GGUF conversion cache),
   `target_parts` (offline training's embedding, norm and LM head alone), `checkpoint_index` (where each
   tensor of a sharded checkpoint lives), `placement` (the frozen target whole on every rank or tensor
-  parallel);
+  parallel), `placement_moe` (its split of MoE experts);
 - caches and attention: `kv_cache`, `masks`, `kernel_attention` (tree attention through draftsmith.kernels),
   `mla` (what an MLA target's cache holds: a latent and a rope key of two widths);
 - `quantize`: weight-only int8/int4 (CPU) and fp8 (CUDA) linears for the target and for drafts;
-- engines: `engine` (plain decoding), `speculative` (propose -> verify in one forward -> accept -> commit);
+- engines: `engine` (plain decoding), `speculative` (propose -> verify in one forward -> accept -> commit),
+  `cycle_timing` (each cycle's draft and verify time);
 - shared: `config` (strict dataclass + YAML configs), `errors` (exit code 2 for bad input), `prompts`
   (prompt files), `artifacts` (hashes, atomic tensor files, draft-vocabulary files).
 """

@@ -36,6 +36,10 @@ class GenerationResult:
     accepted_lengths: list[int] = field(default_factory=list)  # per cycle: drafted tokens accepted
     draft_depths: list[int] = field(default_factory=list)  # per cycle: depth of the drafted tree
     ttft_s: float = 0.0  # time from the batch's start to this row's first new token (prefill included)
+    # per cycle, of the whole batch's cycle (runtime/core/cycle_timing.py): drafting (propose + the
+    # drafter's commit) and verification (the target's tree forward, acceptance, cache compaction), seconds
+    cycle_draft_s: list[float] = field(default_factory=list)
+    cycle_verify_s: list[float] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:

@@ -184,11 +184,12 @@ class Family:
 # tests/runtime/test_target_families.py on tests/family_models.py's tiny models
 MOE_TESTED = (
     "float64 parity (prefill, cached steps, padding, tree step), compaction, static path, identity (ngram, "
-    "self, EAGLE-3, MTP), offline parts, weights hash"
+    "self, EAGLE-3, MTP), offline parts, weights hash, tensor parallel (2 ranks: parity, n-gram identity)"
 )
 GEMMA_TESTED = (
     "parity (prefill, cached steps, padding, tree step; float64), compaction, static path, identity (ngram, "
-    "self, EAGLE-3, MTP), MTP blocks, offline parts, controls (scale, soft-cap, windows, rope)"
+    "self, EAGLE-3, MTP), MTP blocks, offline parts, controls (scale, soft-cap, windows, rope), tensor "
+    "parallel (2 ranks: parity, n-gram identity; not the vision-language gemma3)"
 )
 # Gemma's decoder-layer fields beyond the Llama ones (Gemma2Config, Gemma3TextConfig): an MTP block reads
 # them; the layer type, window and per-type rope come with the MTP config's own fields (mtp_config.py)
@@ -213,7 +214,6 @@ FAMILIES: tuple[Family, ...] = (
         "Qwen3Moe",
         qk_norm=True,
         sparse_layer=qwen3_moe_sparse,
-        tensor_parallel=False,
         mtp_block=True,
         block_keys=("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob"),
         one_layer=qwen3_moe_one_layer,
@@ -227,7 +227,6 @@ FAMILIES: tuple[Family, ...] = (
         "Mixtral",
         sparse_layer=always,
         router="block_sparse_moe.gate.weight",  # the checkpoint's name; transformers renames it on load
-        tensor_parallel=False,
         mtp_block=True,
         block_keys=("num_local_experts", "num_experts_per_tok", "router_jitter_noise"),
         dense_mlp="mistral.MistralMLP",  # Mixtral is Mistral with sparse MLPs (modular_mixtral.py)
@@ -261,7 +260,6 @@ FAMILIES: tuple[Family, ...] = (
         embedding="Gemma2TextScaledWordEmbedding",
         logit_softcap=True,
         windows="per_layer",
-        tensor_parallel=False,
         mtp_block=True,
         block_keys=GEMMA_BLOCK_KEYS,
         tested=GEMMA_TESTED.replace("float64", "float32 bound: eager softmax"),
@@ -276,7 +274,6 @@ FAMILIES: tuple[Family, ...] = (
         logit_softcap=True,
         windows="per_layer",
         rope_per_layer_type=True,
-        tensor_parallel=False,
         mtp_block=True,
         block_keys=GEMMA_BLOCK_KEYS,
         tested=GEMMA_TESTED,

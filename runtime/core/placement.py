@@ -7,7 +7,9 @@
 `target_placement: tp` splits every decoder layer over the `tp_size` ranks of a tensor-parallel group with
 transformers' own plan for the family (`config.base_model_tp_plan`: q/k/v and gate/up column-wise, o and
 down row-wise, one all-reduce after each), so a rank holds 1/tp of the layers and its KV cache holds
-num_key_value_heads / tp heads. The embedding, the final norm and the LM head stay whole on every rank
+num_key_value_heads / tp heads. MoE layers (Qwen3-MoE, Mixtral) split every expert the same way: each rank
+keeps all experts at 1/tp of their width, the router whole, one all-reduce after the experts
+(runtime/core/placement_moe.py). The embedding, the final norm and the LM head stay whole on every rank
 (the head reads them every step without a collective; 2 V H values, 4.2 GB for Llama-3.3-70B in bf16).
 The processes form a (dp, tp) mesh, ranks r = dp_rank * tp + tp_rank (consecutive ranks, one node): the
 ranks of one TP group run the target together on the same rows, and the head trains data-parallel over the
@@ -32,6 +34,13 @@ import torch
 
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.core.families import FAMILIES, family_of
+from draftsmith.runtime.core.placement_moe import (
+    MOE_RULES,
+    MOE_STYLES,
+    moe_plan_problems,
+    split_param,
+    split_widths,
+)
 
 PLACEMENTS = ("replicate", "tp")
 PLACEMENT_KEY, TP_KEY = "target_placement", "tp_size"
@@ -43,7 +52,14 @@ REQUIRED_RULES = {
     "layers.*.self_attn.v_proj": "colwise",
     "layers.*.self_attn.o_proj": "rowwise",
 }
-KNOWN_STYLES = {"colwise", "rowwise", "replicated_with_grad_allreduce"}
+# Why the families with Family.tensor_parallel False are refused (check_placement's message).
+UNSPLIT = {
+    "deepseek_v3": "DeepSeek-V3's MLA caches one latent head per token that cannot be split over ranks "
+    "(runtime/core/mla.py), and transformers' deepseek_v3 plan leaves its attention whole",
+    "gemma3": "Gemma 3's vision-language checkpoint nests its text model, which this loader does not split",
+}
+# MoE experts (runtime/core/placement_moe.py): packed column-wise gate/up, row-wise down, one all-reduce
+KNOWN_STYLES = {"colwise", "rowwise", "replicated_with_grad_allreduce", *MOE_STYLES}
 WHOLE = {"lm_head": "replicate", "model.embed_tokens": "replicate"}  # overrides of transformers' plan
 
 
@@ -89,17 +105,22 @@ def check_placement(
     family = family_of(config)
     if not family.tensor_parallel:  # runtime/core/families.py: this loader is not tested on its layers
         tested = [f.name for f in FAMILIES if f.tensor_parallel]
+        why = f" ({UNSPLIT[family.name]})" if family.name in UNSPLIT else ""
         raise BadInputError(
             PLACEMENT_KEY,
             f"tp for model_type {config.model_type!r}",
             "replicate for this target",
-            f"tensor parallelism is tested for the families {tested} only (MoE experts and Gemma's "
-            "eager attention are not split by this loader); or train offline: data.mode=offline reads "
-            "only the embedding, norm and LM head",
+            f"tensor parallelism is tested for the families {tested} only{why}; or train offline: "
+            "data.mode=offline reads only the embedding, norm and LM head",
         )
     plan = tp_plan(config)
     wrong = {k: plan.get(k) for k, style in REQUIRED_RULES.items() if plan.get(k) != style}
-    unknown = sorted({s for s in plan.values() if s not in KNOWN_STYLES})
+    if family.moe:
+        wrong.update(moe_plan_problems(plan))
+    # a MoE style only on the expert rule it belongs to (packed_colwise elsewhere splits gate/up wrongly)
+    unknown = sorted(
+        {s for k, s in plan.items() if s not in KNOWN_STYLES or (s in MOE_STYLES and MOE_RULES.get(k) != s)}
+    )
     if wrong or unknown:
         why = (
             "transformers has no tensor-parallel plan for it"
@@ -119,7 +140,7 @@ def check_placement(
     sizes = {
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-        "intermediate_size": config.intermediate_size,
+        **split_widths(config),
     }
     bad = {k: v for k, v in sizes.items() if v % tp}
     if bad:
@@ -128,7 +149,7 @@ def check_placement(
             TP_KEY,
             tp,
             f"a size that divides the target's {', '.join(f'{k}={v}' for k, v in bad.items())}",
-            f"sizes that divide the heads and the {world} process(es): {fits}",
+            f"sizes that divide the heads, the MLP widths and the {world} process(es): {fits}",
         )
     local = local_world or world
     if world % tp or local % tp:
@@ -178,7 +199,7 @@ def load_tensor_parallel(path, config, layout: Layout, dtype: torch.dtype, devic
         path,
         config=config,
         dtype=dtype,
-        attn_implementation="sdpa",
+        attn_implementation=family_of(config).attention,
         distributed_config=DistributedConfig(tp_size=tp, tp_plan=dict(WHOLE)),
     )
     return model
@@ -201,20 +222,14 @@ def placement_shard_fraction(config, tp: int) -> float:
 
     if tp == 1:
         return 1.0
-    split = {rule for rule, style in tp_plan(config).items() if style in ("colwise", "rowwise")}
+    plan = tp_plan(config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     whole = held = 0
-    for name, p in model.named_parameters():
+    for name, p in model.named_parameters():  # MoE experts: [E, 2 I, H] and [E, H, I] split in I
         whole += p.numel()
-        held += p.numel() // tp if plan_key(name) in split else p.numel()
+        held += p.numel() // tp if split_param(name, plan) else p.numel()
     return held / whole
-
-
-def plan_key(name: str) -> str:
-    """A parameter's rule in the plan: `model.layers.3.mlp.up_proj.weight` -> `layers.*.mlp.up_proj`."""
-    parts = name.removeprefix("model.").split(".")[:-1]
-    return ".".join("*" if p.isdigit() else p for p in parts)
 
 
 # ---- one rank drives, the others of its group follow --------------------------------------------------

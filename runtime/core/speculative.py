@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from draftsmith.runtime.core.cycle_timing import PhaseClock
 from draftsmith.runtime.core.engine import (
     GenerationResult,
     batches,
@@ -57,11 +58,14 @@ def generate_speculative(
     progress: bool = False,
     policy: LoadAwareDepth | None = None,
     static: bool = False,
+    sync_timing: bool = False,
 ) -> list[GenerationResult]:
     """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order.
     With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step).
     `static` verifies on a preallocated cache with CUDA graphs (runtime/static/forward.py); rows then
-    stay in the batch until all finish (fixed shapes), their late outputs ignored."""
+    stay in the batch until all finish (fixed shapes), their late outputs ignored. Each cycle's draft and
+    verify time is recorded per row (`sync_timing`: synchronize CUDA at the phase boundaries,
+    runtime/core/cycle_timing.py)."""
     results: list[GenerationResult] = []
     desc = f"generate ({drafter.name})"
     for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, desc):
@@ -71,7 +75,7 @@ def generate_speculative(
             draft_gens = make_generators(seed + DRAFT_SEED_SALT, rows, target.device)
         batch = [prompts[r] for r in rows]
         results += speculate_batch(
-            target, drafter, batch, params, max_new_tokens, gens, draft_gens, policy, static
+            target, drafter, batch, params, max_new_tokens, gens, draft_gens, policy, static, sync_timing
         )
     return results
 
@@ -87,8 +91,10 @@ def speculate_batch(
     draft_generators: list[torch.Generator] | None,
     policy: LoadAwareDepth | None = None,
     static: bool = False,
+    sync_timing: bool = False,
 ) -> list[GenerationResult]:
     start_time = time.perf_counter()
+    clock = PhaseClock(target.device, sync_timing)
     budget = token_budgets(target, prompts, max_new_tokens)
     layers = drafter.capture_layers
     extra = static_capacity(drafter, len(prompts), max(budget)) if static else max(budget) + 64
@@ -122,18 +128,22 @@ def speculate_batch(
             running = list(range(len(active)))
         contexts = [results[r].prompt_token_ids + results[r].token_ids + beyond[r] for r in active]
         before = drafter.forwards
-        depth, draft_s = None, time.perf_counter()
+        depth, draft_s = None, clock.now()
         if policy is not None:
             depth = policy.choose(len(running))
             drafter.tree = chain(depth) if depth else drafter.tree
         drafts = [root_only(c[-1]) for c in contexts] if depth == 0 else drafter.propose(contexts)
         drafts = [d if i in running else root_only(c[-1]) for i, (d, c) in enumerate(zip(drafts, contexts))]
-        draft_s = time.perf_counter() - draft_s
+        draft_s = clock.since(draft_s)
+        verify_s = clock.now()
         verdicts, features = verify(target, cache, drafts, contexts, params, generators, layers, forward)
+        verify_s = clock.since(verify_s)
+        commit_s = clock.now()
         if depth == 0:
             drafter.skip(features)  # the drafter catches up at its next proposal
         else:
             drafter.commit([v.accepted for v in verdicts], features)
+        times = (draft_s + clock.since(commit_s), verify_s)  # the drafter's rollback counts as drafting
         if policy is not None:
             policy.observe(len(running), depth, [len(verdicts[i].accepted) for i in running], draft_s)
         for r, draft, verdict in zip(active, drafts, verdicts, strict=True):
@@ -141,7 +151,7 @@ def speculate_batch(
             if results[r].finish_reason:
                 beyond[r] += new
                 continue
-            record_cycle(results[r], draft, verdict, drafter.forwards - before)
+            record_cycle(results[r], draft, verdict, drafter.forwards - before, times)
             kept = len(results[r].token_ids)
             emit(results[r], new, budget[r], max_new_tokens, eos)
             beyond[r] += new[len(results[r].token_ids) - kept :]  # accepted past the row's EOS or budget
@@ -151,11 +161,20 @@ def speculate_batch(
     return results
 
 
-def record_cycle(res: GenerationResult, draft: Draft, verdict: Verdict, draft_forwards: int) -> None:
+def record_cycle(
+    res: GenerationResult,
+    draft: Draft,
+    verdict: Verdict,
+    draft_forwards: int,
+    times: tuple[float, float] = (0.0, 0.0),
+) -> None:
+    """One cycle of a running row; `times` = (draft s, verify s) of the whole batch's cycle."""
     res.target_forwards += 1
     res.draft_forwards += draft_forwards
     res.accepted_lengths.append(len(verdict.accepted))
     res.draft_depths.append(draft.tree.max_depth)
+    res.cycle_draft_s.append(times[0])
+    res.cycle_verify_s.append(times[1])
 
 
 def static_capacity(drafter: Drafter, batch: int, budget: int) -> int:

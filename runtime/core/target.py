@@ -221,10 +221,9 @@ class Target(TargetPieces):
     def layer_state(self, index: int) -> dict[str, torch.Tensor]:
         """Decoder layer `index`'s tensors under the layer's own names (MTP blocks start as a copy)."""
         if self.tp_size > 1:  # this rank holds shards of them: read the whole ones from the checkpoint
-            prefix = f"{self.family.checkpoint_prefix}layers.{index % self.num_layers}."
-            state = self.decoder.layers[index].state_dict()
-            tensors = self._read([prefix + name for name in state])
-            return {n.removeprefix(prefix): t for n, t in tensors.items()}
+            from draftsmith.runtime.core.placement_moe import whole_layer_state
+
+            return whole_layer_state(self, index)  # MoE: the checkpoint's experts, fused
         return self.decoder.layers[index].state_dict()
 
     def weights_hash(self) -> str:

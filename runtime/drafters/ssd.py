@@ -302,6 +302,7 @@ class SsdDrafter(Drafter):
                 None if r is None else round(r, 4) for r in stats.hit_rate_per_position
             ],
             "outcomes_per_position": list(stats.cycles),
+            "hits_per_position": list(stats.hits),  # raw counts: bench pools batches exactly
             "speculation_s": round(t["spec_s"], 4),
             "branches": t["branches"],
             # in process nothing overlaps: a hit saves a normal draft, the speculation costs its own time

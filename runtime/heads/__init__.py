@@ -11,4 +11,6 @@
 - engine layouts: `layouts` (EAGLE-3: vLLM, SGLang, speculators), `mtp_layout` (DeepSeek-V3's),
   `medusa_layout` (vLLM's medusa, FasterDecoding's on import), `dflash_layout` (speculators', z-lab's);
 - `int8_folder`: any kind's head stored int8 in draftsmith's folder, loaded as int8 by `--draft`.
+- `fp8_checkpoint`: EAGLE-3 exports in FP8 with the compressed-tensors `quantization_config` vLLM loads,
+  read back (dequantized) by the EAGLE-3 readers; which layout `export --quantize` accepts.
 """

@@ -98,13 +98,24 @@ def read_any(folder: str, target=None) -> Eagle3Head:
 
 
 # ---- export writers ---------------------------------------------------------------------------------------
-def _write(head: Eagle3Head, config: dict, tensors: dict, out: Path, what: str, engine: str) -> Written:
-    """Write the layout, read it back as `--draft eagle3:DIR` does, compare with the head."""
+def _write(
+    head: Eagle3Head, config: dict, tensors: dict, out: Path, what: str, engine: str, quantize: str | None
+) -> Written:
+    """Write the layout (FP8 with `quantize`), read it back as `--draft eagle3:DIR` does, compare with the
+    head (an FP8 export: with the head's dequantized weights, exactly)."""
+    expected, precision = head.state_dict(), ""
+    if quantize == "fp8":
+        from draftsmith.runtime.heads.fp8_checkpoint import precision as fp8_precision
+        from draftsmith.runtime.heads.fp8_checkpoint import quantize_eagle3
+
+        layout = "speculators" if what == "speculators" else "official"
+        config, tensors, expected = quantize_eagle3(head, config, tensors, layout)
+        precision = fp8_precision(head.fc.weight.dtype)
     with open(out / "config.json", "w") as f:
         f.write(json.dumps(config, indent=1) + "\n")
     atomic_save_file(out / "model.safetensors", tensors, {"format": "pt"})
     back = read_any(str(out))
-    check_round_trip(head.state_dict(), back.state_dict(), f"{what} export")
+    check_round_trip(expected, back.state_dict(), f"{what} export")
     if asdict(back.config) != asdict(head.config):
         raise DraftsmithError(f"{what} export: the config read back differs from the head's")
     ids = (
@@ -117,7 +128,7 @@ def _write(head: Eagle3Head, config: dict, tensors: dict, out: Path, what: str, 
         f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens (`d2t`)",
         *binding_details(c),  # a co-trained head: which target serves it (runtime/heads/eagle3_binding.py)
     ]
-    return Written(c.target, asdict(c), parameter_summary(tensors), details)
+    return Written(c.target, asdict(c), parameter_summary(tensors), details, precision=precision)
 
 
 def write_official(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -128,7 +139,7 @@ def write_official(folder: Path, out: Path, options: LayoutOptions) -> Written:
     head = load_head(folder)
     check_export_target(head.config, options.target, "--target", options.any_target, folder)
     config, tensors = to_official(head, engine=options.engine)
-    written = _write(head, config, tensors, out, "eagle3", options.engine)
+    written = _write(head, config, tensors, out, "eagle3", options.engine, options.quantize)
     written.engine = options.engine
     return written
 
@@ -142,7 +153,7 @@ def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Writte
     check_export_target(head.config, options.verifier, "--verifier", options.any_target, folder)
     facts = _verifier_facts(options.verifier or head.config.target)
     config, tensors = to_speculators(head, options.verifier, options.speculative_tokens, **facts)
-    return _write(head, config, tensors, out, "speculators", "speculators")
+    return _write(head, config, tensors, out, "speculators", "speculators", options.quantize)
 
 
 def _verifier_facts(verifier: str) -> dict:
@@ -210,6 +221,7 @@ KIND = HeadKind(
             about="official / SGLang EAGLE-3 layout (LlamaForCausalLMEagle3, midlayer.*, d2t); vLLM's "
             "`method: eagle3` loads it too. Aux-layer ids mean different tensors in SGLang (output of "
             "layer X) and vLLM (input to layer X): --engine picks whose convention to write",
+            fp8="vllm",  # only vLLM's compressed-tensors loader was checked against this layout
         ),
         "speculators": Layout(
             write=write_speculators,
@@ -218,6 +230,7 @@ KIND = HeadKind(
             reads="verifier",
             about="vLLM's native layout (speculators_config, layers.0.*, aux ids in vLLM's convention): "
             "`vllm serve DIR`",
+            fp8="any",
         ),
     },
 )

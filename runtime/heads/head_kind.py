@@ -64,6 +64,7 @@ class LayoutOptions:
     target: str | None = None  # mtp: the target whose weights are appended (default: the head's own)
     speculative_tokens: int = 3  # drafted tokens per step in configs and serve commands
     any_target: bool = False  # a co-trained eagle3 head for a target other than its own (eagle3_binding)
+    quantize: str | None = None  # fp8: the layout's weights in FP8 (runtime/heads/fp8_checkpoint.py)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Written:
     size: str  # "12.6M parameters, float32"
     details: list[str] = field(default_factory=list)  # layout-specific lines (aux ids, modules, ...)
     engine: str | None = None  # whose aux-id convention an eagle3 export wrote
+    precision: str = ""  # a quantized export's weights, in the card's words ("" = as trained)
 
 
 @dataclass
@@ -110,6 +112,10 @@ class Layout:
     serve: Callable[[ServeArgs], str]
     reads: str | None = None
     about: str = ""
+    # `export --quantize fp8`: "" = the writer cannot carry FP8, "any" = under any --engine, else the one
+    # --engine whose loader was checked (runtime/heads/fp8_checkpoint.py); `no_fp8` = why not, for errors
+    fp8: str = ""
+    no_fp8: str = ""
 
 
 @dataclass(frozen=True)

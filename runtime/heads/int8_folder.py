@@ -64,6 +64,44 @@ def save_int8_head(kind, folder: str | Path, out: str | Path) -> list[str]:
     return names
 
 
+def write_int8_export(kind, folder: Path, out: Path):
+    """`draftsmith export HEAD --quantize int8` (draftsmith layout): the int8 folder of `folder` in `out`,
+    read back by the kind's strict loader through its dequantized twin (as `--draft` does) and compared
+    with q * s; -> the card's facts (runtime/heads/head_kind.py Written; export writes the card)."""
+    from draftsmith.runtime.core.artifacts import check_round_trip, parameter_summary
+    from draftsmith.runtime.heads.head_kind import Written
+
+    names = save_int8_head(kind, folder, out)
+    tensors = load_tensors(out / WEIGHTS_FILE, "CHECKPOINT")
+    config = read_json(out / CONFIG_FILE, "CHECKPOINT")
+    back = _dequantized_module(kind, out, config, tensors)
+    expected = dict(kind.module.from_pretrained(folder).state_dict())
+    for name in names:
+        expected[f"{name}.weight"] = (
+            tensors[name + INT8].float() * tensors[name + SCALE].float()[:, None]
+        ).to(expected[f"{name}.weight"].dtype)
+    check_round_trip(expected, back.state_dict(), "int8 export")
+    precision = (
+        f"int8 weight-only: {len(names)} linears, one bf16 scale per output row (draftsmith Int8Linear)"
+    )
+    return Written(config["target"], config, parameter_summary(tensors), [], precision=precision)
+
+
+def _dequantized_module(kind, folder: Path, config: dict, tensors: dict[str, torch.Tensor]):
+    """The kind's module loaded (strictly) from a temporary float32 twin of the int8 folder."""
+    quant = config["quantization"]
+    with tempfile.TemporaryDirectory(prefix="draftsmith-int8-") as tmp:
+        twin = Path(tmp) / folder.name
+        shutil.copytree(folder, twin, ignore=shutil.ignore_patterns(CONFIG_FILE, WEIGHTS_FILE))
+        plain = {k: v for k, v in config.items() if k != "quantization"}
+        atomic_write_text(twin / CONFIG_FILE, json.dumps(plain, indent=1) + "\n")
+        dense = {n: t for n, t in tensors.items() if not n.endswith((INT8, SCALE))}
+        for name in quant["quantized"]:
+            dense[f"{name}.weight"] = tensors[name + INT8].float() * tensors[name + SCALE].float()[:, None]
+        atomic_save_file(twin / WEIGHTS_FILE, dense, {"format": "pt"})
+        return kind.module.from_pretrained(twin)
+
+
 def int8_config(folder: Path) -> dict | None:
     """The folder's `quantization` entry when it is an int8 folder; None otherwise, a malformed config.json
     included: the kind's own strict loader then says what is wrong with it, naming its field."""

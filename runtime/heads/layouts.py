@@ -33,6 +33,7 @@ from draftsmith.runtime.heads.aux_layers import (
     to_engine_ids,
 )
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, check_head_matches_target
+from draftsmith.runtime.heads.fp8_checkpoint import dequantize_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +246,7 @@ def from_layout(
     `ids` says how to read a foreign layout's aux ids when it has no draftsmith block: 'auto' (SGLang's
     rule), 'input' or 'output'. The speculators layout is always read as vLLM reads it ('input')."""
     layout = detect_layout(config)
+    tensors = dequantize_checkpoint(config, tensors, name)  # FP8 exports: float32 weights (fp8_checkpoint.py)
     if layout == "draftsmith":
         cfg = Eagle3Config(**config)
     else:

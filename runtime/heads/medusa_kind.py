@@ -181,6 +181,8 @@ KIND = HeadKind(
             reads="target",
             about="vLLM's `method: medusa` layout (MedusaModel: blocks.K.layers.J, lm_heads.K or one shared "
             "lm_head, token_map for a reduced vocabulary)",
+            no_fp8="vLLM's Medusa (vllm/model_executor/models/medusa.py) builds plain nn.Linear blocks "
+            "without a quantization config and would load e4m3 values as bf16 without their scales",
         )
     },
     default_depth=default_depth,

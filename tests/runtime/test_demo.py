@@ -1,8 +1,10 @@
-"""`draftsmith demo` end to end on a tiny target: data -> train -> head -> side-by-side bench."""
+"""`draftsmith demo` end to end on a tiny target: data -> train -> head -> side-by-side bench; the same
+with a given head (no training); the head shipped in heads/ (its files, provenance and strict load)."""
 
 import json
 
 import pytest
+import torch
 import yaml
 from train_data import tiny_train_overrides, write_conversations
 
@@ -29,7 +31,7 @@ def demo_overrides(tiny_dir, tmp_path):
 
 
 def test_demo_trains_a_head_and_benches_it(demo_overrides, tmp_path, capsys):
-    assert main(["demo", *demo_overrides, "num_prompts=3"]) == 0
+    assert main(["demo", "--train", *demo_overrides, "num_prompts=3"]) == 0
     printed = capsys.readouterr().out
     assert "| eagle3:" in printed and "| hf | 0 | 1 |" in printed
     results = json.loads((tmp_path / "demo" / "results.json").read_text())
@@ -64,3 +66,58 @@ def test_demo_quick_and_bad_override(demo_overrides, tmp_path, capsys):
     assert "export_formats" in capsys.readouterr().err
     assert main(["demo", "methods=[eagle3:{head}]"]) == 2  # a draft needs its tree: DRAFT@TREE
     assert "methods" in capsys.readouterr().err
+
+
+def test_demo_with_a_given_head_does_not_train(demo_overrides, tmp_path, capsys):
+    assert main(["demo", "--quick", *demo_overrides]) == 0  # trains the 40-step head once
+    head = tmp_path / "head-run" / "final"
+    stamp = (head / "model.safetensors").stat().st_mtime_ns
+    out = tmp_path / "demo-given"
+    assert main(["demo", *demo_overrides, f"head={head}", f"out_dir={out}", "num_prompts=2"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["head"] == str(head) and results["head_trained_here"] is False
+    assert results["head_validation"] is None  # not a shipped head: no training.json to quote
+    assert (head / "model.safetensors").stat().st_mtime_ns == stamp  # nothing retrained or rewritten
+    assert any(r["method"].startswith(f"eagle3:{head}@") for r in results["rows"])
+    assert all(r["greedy_identical"] for r in results["rows"])
+    capsys.readouterr()
+    assert main(["demo", *demo_overrides, "head=no/such/head"]) == 2
+    err = capsys.readouterr().err
+    assert "eagle3-smollm2-135m" in err and "--train" in err  # names the shipped heads and the way out
+    assert main(["demo", *demo_overrides, "head=eagle3-smollm2-135m"]) == 2  # SmolLM2's head, tiny target
+    assert "draftsmith demo --train" in capsys.readouterr().err
+
+
+def test_the_shipped_head(smollm2):
+    from safetensors import safe_open
+
+    from draftsmith.runtime.cli.demo import (
+        DemoConfig,
+        default_config_path,
+        expected_training_time,
+        shipped_heads,
+    )
+    from draftsmith.runtime.core.config import load_config
+    from draftsmith.runtime.heads.eagle3 import Eagle3Head
+
+    cfg = load_config(DemoConfig, default_config_path(), [])
+    folder = shipped_heads()[cfg.head]  # `draftsmith demo` uses it by default
+    weights = folder / "model.safetensors"
+    assert weights.stat().st_size <= 25 * 1024 * 1024
+    with safe_open(weights, "pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    assert "BF16" in dtypes and "F32" not in dtypes  # floats in bfloat16; the vocabulary maps as ints
+    record = json.loads((folder / "training.json").read_text())
+    for key in ("command", "commit", "machine", "date", "steps", "train_seconds", "validation"):
+        assert record[key], key
+    assert record["steps"] == record["validation"]["step"] and record["train_seconds"] > 0
+    card = (folder / "README.md").read_text()
+    assert record["commit"] in card and record["command"] in card and record["machine"] in card
+    rows = json.loads((folder.parent.parent / record["bench"]).read_text())  # heads/NAME/bench/results.json
+    measured = [r for r in rows if r["method"].startswith(f"eagle3:heads/{folder.name}@")]
+    assert measured and all(r["greedy_identical"] for r in measured)
+    assert all(f"| {r['method']} |" in card for r in measured)  # the card quotes the shipped head's rows
+    head = Eagle3Head.from_pretrained(folder, smollm2)  # strict: names, shapes, finite, this target
+    assert next(head.parameters()).dtype == torch.float32  # loaded into the target's dtype
+    minutes = (record["seconds_per_step_alone"] or record["train_seconds"] / record["steps"]) * 100 / 60
+    assert f"about {minutes:.0f} min" in expected_training_time(100)

@@ -205,7 +205,7 @@ def test_the_meta_device_count_is_the_real_one(tiny_dir, tiny_target, tmp_path):
 
 
 def test_the_shipped_target_configs_have_the_published_sizes():
-    assert set(shipped_targets()) == set(PUBLISHED)
+    assert set(PUBLISHED) <= set(shipped_targets())  # MoE / MLA ones: tests/train/test_preflight_families.py
     for name, params in PUBLISHED.items():
         shapes = TargetShapes.load(name, torch.bfloat16)  # configs/targets/, no network
         assert (shapes.params, shapes.param_bytes) == (params, 2 * params), name

@@ -1,0 +1,239 @@
+"""`--engine auto`, the default of `data regenerate|capture` (data_recipes/engine_choice.py): vLLM where it
+is measured faster and a Python with vLLM is found, draftsmith's engine otherwise, one log line saying
+why; explicit --engine untouched. Fake interpreters (shell scripts exiting 0 or 1 to the find_spec probe)
+stand in for a vLLM Python; the end-to-end run answers through a fake worker with draftsmith's engine, so
+no vLLM starts. Run: `python -m pytest -q tests/data_recipes/test_engine_choice.py`."""
+
+import argparse
+import json
+import logging
+
+import datasets
+import pytest
+import torch
+
+from draftsmith.data_recipes import engine_choice, vllm_engine
+from draftsmith.data_recipes.prepare import prepare
+from draftsmith.runtime.cli.data import add_engine_args, add_placement_args
+from draftsmith.runtime.core.engine import decode_batch
+from draftsmith.runtime.verify.sampling import SamplingParams
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "w1 w2 w3"}, {"role": "assistant", "content": "w4 w5"}],
+    [
+        {"role": "user", "content": "w7"},
+        {"role": "assistant", "content": "w8 w9"},
+        {"role": "user", "content": "w10 w11"},
+        {"role": "assistant", "content": "w12"},
+    ],
+    [{"role": "user", "content": "w20 w21"}, {"role": "assistant", "content": "w24"}],
+]
+
+
+def fake_python(folder, code: int):
+    """An executable that answers the find_spec probe with exit code `code` (0: "has vllm")."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "python"
+    path.write_text(f"#!/bin/sh\nexit {code}\n")
+    path.chmod(0o755)
+    return path
+
+
+def parse(*argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", default=None)
+    add_placement_args(p)
+    add_engine_args(p)
+    return p.parse_args(list(argv))
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def test_auto_is_the_default_and_picks_vllm_where_measured(tmp_path, cpu_only):
+    good = fake_python(tmp_path / "good", 0)
+    assert parse().engine == "auto"
+    choice = engine_choice.resolve_engine("regenerate", parse("--vllm-python", str(good)))
+    assert choice.engine == "vllm"
+    assert choice.reason.startswith(f"vLLM at {good}: 2.6x faster on the CPU measured here")
+    assert "--max-num-seqs 32" in choice.reason
+
+
+def test_auto_without_a_vllm_python_keeps_draftsmith(tmp_path, cpu_only, monkeypatch):
+    bad = fake_python(tmp_path / "bad", 1)
+    choice = engine_choice.resolve_engine("regenerate", parse("--vllm-python", str(bad)))
+    assert choice.engine == "draftsmith"
+    assert choice.reason.startswith(
+        f"no Python with vLLM found ({bad} cannot import vllm): draftsmith's engine"
+    )
+    assert "bash scripts/vllm_env.sh" in choice.reason
+    missing = tmp_path / "nowhere" / "python"
+    monkeypatch.setenv(vllm_engine.PYTHON_ENV, str(missing))  # the lookup --engine vllm uses
+    choice = engine_choice.resolve_engine("regenerate", parse())
+    assert choice.engine == "draftsmith" and f"(none at {missing})" in choice.reason
+
+
+@pytest.mark.parametrize(
+    "step, argv, env, why",
+    [
+        ("capture", [], {}, "not measured faster for capture on cpu"),
+        ("regenerate", ["--target-placement", "tp"], {}, "torchrun run or --target-placement tp"),
+        ("regenerate", ["--tp-size", "2"], {}, "torchrun run or --target-placement tp"),
+        ("regenerate", [], {"WORLD_SIZE": "2"}, "torchrun run or --target-placement tp"),
+    ],
+)
+def test_auto_keeps_draftsmith_where_vllm_does_not_apply(
+    step, argv, env, why, tmp_path, cpu_only, monkeypatch
+):
+    good = fake_python(tmp_path / "good", 0)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    choice = engine_choice.resolve_engine(step, parse(*argv, "--vllm-python", str(good)))
+    assert choice.engine == "draftsmith" and why in choice.reason, choice.reason
+
+
+def test_auto_on_a_cuda_machine_keeps_draftsmith(tmp_path, monkeypatch):
+    """Only the CPU is measured; with CUDA present a vLLM build would choose its own device."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    good = fake_python(tmp_path / "good", 0)
+    auto = engine_choice.resolve_engine("regenerate", parse("--vllm-python", str(good)))
+    assert auto.engine == "draftsmith" and "not measured faster for regenerate on cuda" in auto.reason
+    cpu = engine_choice.resolve_engine("regenerate", parse("--device", "cpu", "--vllm-python", str(good)))
+    assert cpu.engine == "draftsmith" and "--device cpu on a machine with CUDA" in cpu.reason
+
+
+def test_explicit_engines_are_untouched(tmp_path, cpu_only, caplog):
+    good, bad = fake_python(tmp_path / "good", 0), fake_python(tmp_path / "bad", 1)
+    caplog.set_level(logging.INFO, logger="draftsmith")
+    logger = logging.getLogger("draftsmith")
+    handler = None if logger.propagate else caplog.handler  # main()'s setup_logging stops propagation
+    logger.addHandler(handler) if handler else None
+    try:
+        for argv, want in ((["--engine", "draftsmith", "--vllm-python", str(good)], "draftsmith"),
+                           (["--engine", "vllm", "--vllm-python", str(bad)], "vllm")):  # fmt: skip
+            args = parse(*argv)
+            assert engine_choice.choose_engine("regenerate", args) == want and args.engine == want
+        assert caplog.records == []  # no line: nothing was chosen
+        args = parse("--vllm-python", str(good))
+        assert engine_choice.choose_engine("regenerate", args) == "vllm" and args.engine == "vllm"
+        [line] = [r.getMessage() for r in caplog.records]
+        assert line.startswith(f"engine auto -> vllm: vLLM at {good}: 2.6x faster") and "\n" not in line
+    finally:
+        logger.removeHandler(handler) if handler else None
+
+
+def test_auto_keeps_the_engine_that_made_or_started_the_folder(tmp_path, cpu_only):
+    good = fake_python(tmp_path / "good", 0)
+    out = tmp_path / "out"
+
+    def auto():
+        return engine_choice.resolve_engine(
+            "regenerate", parse("--vllm-python", str(good), "--out", str(out))
+        )
+
+    assert engine_choice.started_by("regenerate", out) is None and auto().engine == "vllm"
+    stamps = [
+        (tmp_path / "out.partial" / "inputs.json", {"seed": 0}),  # a killed run of draftsmith's engine
+        (out / "part-00001-of-00002.partial" / "inputs.json", {"seed": 0}),  # a killed part
+        (out / "part-00000-of-00002" / "draftsmith_data.json", {"step": "regenerate", "inputs": {}}),
+        (out / "draftsmith_data.json", {"step": "regenerate", "inputs": {"seed": 0}}),  # a finished one
+    ]
+    for stamp, data in stamps:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps(data))
+        assert engine_choice.started_by("regenerate", out) == "draftsmith", stamp
+        choice = auto()
+        assert (
+            choice.engine == "draftsmith" and "holds a regeneration by draftsmith's engine" in choice.reason
+        )
+        engine = (
+            {"step": "regenerate", "inputs": {"engine": "vllm"}} if "step" in data else {"engine": "vllm"}
+        )
+        stamp.write_text(json.dumps(engine))
+        assert engine_choice.started_by("regenerate", out) == "vllm" and auto().engine == "vllm", stamp
+        stamp.unlink()
+    (out / "draftsmith_data.json").write_text(json.dumps({"step": "prepare", "inputs": {}}))  # not ours
+    assert engine_choice.started_by("regenerate", out) is None and auto().engine == "vllm"
+    assert engine_choice.started_by("capture", out) is None  # capture records do not name the engine
+
+
+def test_the_probe_runs_once_per_interpreter(tmp_path, monkeypatch):
+    calls = []
+    real = vllm_engine.subprocess.run
+    monkeypatch.setattr(vllm_engine.subprocess, "run", lambda *a, **k: calls.append(a) or real(*a, **k))
+    good = fake_python(tmp_path / "once", 0)
+    assert vllm_engine.find_python(str(good)) == vllm_engine.find_python(str(good)) == str(good)
+    assert len(calls) == 1
+    good.write_text("#!/bin/sh\nexit 1\n")  # rewritten: asked again
+    assert not vllm_engine.has_vllm(str(good)) and len(calls) == 2
+
+
+class GreedyWorker:
+    """Stands in for the vLLM worker: answers each greedy request alone with draftsmith's engine."""
+
+    def __init__(self, target):
+        self.target, self.pending = target, []
+
+    def submit(self, requests):
+        self.pending += requests
+
+    def result(self):
+        request = self.pending.pop()
+        [res] = decode_batch(self.target, [request["prompt"]], SamplingParams(), request["max_tokens"], None)
+        reason = "stop" if res.finish_reason == "eos" else "length"
+        return {"key": request["key"], "token_ids": list(res.token_ids), "finish_reason": reason}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_cli_auto_runs_the_chosen_engine_with_the_same_answers(tiny_dir, tiny_target, tmp_path, monkeypatch,
+                                                                capsys, cpu_only):  # fmt: skip
+    """The default picks the (fake) vLLM Python, logs why, and writes the answers draftsmith's engine
+    writes (greedy); without a vLLM Python the default is draftsmith's engine, as the log says."""
+    from draftsmith.runtime.cli.main import main
+
+    source = tmp_path / "conv.jsonl"
+    source.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS))
+    prepare(tiny_target, str(source), tmp_path / "p", max_length=256, validation_fraction=0.0, progress=False)
+    monkeypatch.setattr(vllm_engine, "DataWorker", lambda python, view, *a, **k: GreedyWorker(tiny_target))
+    argv = [
+        "data",
+        "regenerate",
+        "--target",
+        str(tiny_dir),
+        "--data",
+        str(tmp_path / "p"),
+        "--dtype",
+        "float32",
+    ]
+    argv += ["--max-new-tokens", "5"]
+    good = fake_python(tmp_path / "good", 0)
+    assert main([*argv, "--out", str(tmp_path / "v"), "--vllm-python", str(good)]) == 0
+    assert f"draftsmith: engine auto -> vllm: vLLM at {good}" in capsys.readouterr().err
+    assert main([*argv, "--out", str(tmp_path / "d")]) == 0  # the fixture's lookup finds no vLLM
+    assert "draftsmith: engine auto -> draftsmith: no Python with vLLM found" in capsys.readouterr().err
+    for out, engine, said in (("v", "vllm", "nothing to do"), ("d", "draftsmith", "holds a regeneration by")):
+        assert main([*argv, "--out", str(tmp_path / out), "--vllm-python", str(good)]) == 0  # reruns: no-ops
+        err = capsys.readouterr().err
+        assert f"engine auto -> {engine}" in err and said in err and "already holds" in err, err
+    got = [datasets.load_from_disk(str(tmp_path / o))["train"] for o in ("v", "d")]
+    assert json.loads((tmp_path / "v" / "draftsmith_data.json").read_text())["inputs"]["engine"] == "vllm"
+    assert got[0]["id"] == got[1]["id"] and len(got[0]) == len(CONVERSATIONS)
+    assert got[0]["messages"] == got[1]["messages"] and got[0]["input_ids"] == got[1]["input_ids"]
+
+
+def test_cli_help_documents_auto(capsys):
+    from draftsmith.runtime.cli.main import main
+
+    assert main(["data", "regenerate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "auto (vLLM where it is measured faster" in text and "--engine vllm or auto" in text
