@@ -66,6 +66,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,7 +198,7 @@ class StepLoader:
         return len(self.steps_rows)
 
     def __iter__(self):
-        for rows in self.steps_rows:
+        for rows in tqdm(self.steps_rows, desc="speculators' Trainer", unit="step"):  # the ETA of their half
             yield self.build(rows)
 
 
@@ -217,7 +218,7 @@ def run_ours(trainer, steps: int) -> tuple[list[float], list[int], list[list]]:
     kind.batch = timed_batch
     seconds, tokens = [], []
     try:
-        for _ in range(steps):
+        for _ in tqdm(range(steps), desc="draftsmith's Trainer", unit="step"):
             spent[0], start = 0.0, time.perf_counter()
             totals = trainer.train_step()
             seconds.append(time.perf_counter() - start - spent[0])
