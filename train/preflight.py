@@ -177,8 +177,6 @@ def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) ->
     offline = k.mode == "offline" and k.cotrain is None
     # tensor parallel (runtime/core/placement.py): the layers split, embedding + norm + LM head whole per rank
     weights = s.part_bytes if offline else s.part_bytes + (whole - s.part_bytes) / setup.tp
-    if not offline and not s.arch.dense:  # MoE / MLA: each parameter's own TP share (preflight_families.py)
-        weights = s.arch.weights_per_rank(whole, setup.tp)
     where = (
         "embedding + final norm + LM head (offline: the parts the batches read)"
         if offline
@@ -186,7 +184,8 @@ def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) ->
         if setup.tp > 1
         else "whole on every rank"
     )
-    if not offline and not s.arch.dense:
+    if not offline and not s.arch.dense:  # MoE / MLA: each parameter's own TP share (preflight_families.py)
+        weights = s.arch.weights_per_rank(whole, setup.tp)
         what_if = " (what-if)" if tp_is_what_if(s) else ""  # DeepSeek-V3: the TP loader refuses it
         where = s.arch.describe() + (f"; TP split over {setup.tp} ranks{what_if}" if setup.tp > 1 else "")
     terms = [
