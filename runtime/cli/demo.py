@@ -34,7 +34,7 @@ import torch
 
 from draftsmith.runtime.bench.types import is_baseline
 from draftsmith.runtime.core.config import atomic_write_text, load_config, save_config
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
 
 log = logging.getLogger("draftsmith")
 QUICK_TRAIN = [  # --quick: about 5 minutes of training on 2 cores
@@ -150,7 +150,7 @@ def use_head(cfg: DemoConfig):
             str(err),
         ) from None  # fmt: skip
     record = folder / "training.json"  # shipped heads: how they were trained (scripts/ship_head.py)
-    last_eval = json.loads(record.read_text()).get("validation") if record.is_file() else None
+    last_eval = read_json(record, "head training.json").get("validation") if record.is_file() else None
     log.info("demo 1/4: no training: the head %s (`draftsmith demo --train` trains a new one)", folder)
     return folder, last_eval, target
 
@@ -160,7 +160,9 @@ def expected_training_time(steps: int) -> str:
     for folder in shipped_heads().values():
         record = folder / "training.json"
         if record.is_file():
-            done = json.loads(record.read_text())  # per step alone on the machine, where it was shared
+            done = read_json(
+                record, "head training.json"
+            )  # per step alone on the machine, where it was shared
             per_step = done.get("seconds_per_step_alone") or done["train_seconds"] / done["steps"]
             minutes = per_step * steps / 60
             return f"about {minutes:.0f} min, as the shipped head took on {done['machine']}"

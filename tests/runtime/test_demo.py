@@ -86,6 +86,9 @@ def test_demo_with_a_given_head_does_not_train(demo_overrides, tmp_path, capsys)
     assert "eagle3-smollm2-135m" in err and "--train" in err  # names the shipped heads and the way out
     assert main(["demo", *demo_overrides, "head=eagle3-smollm2-135m"]) == 2  # SmolLM2's head, tiny target
     assert "draftsmith demo --train" in capsys.readouterr().err
+    (head / "training.json").write_text('{"validation": ')  # a truncated record: exit 2 naming it
+    assert main(["demo", *demo_overrides, f"head={head}", f"out_dir={out}"]) == 2
+    assert "training.json" in capsys.readouterr().err
 
 
 def test_the_shipped_head(smollm2):
