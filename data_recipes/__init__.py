@@ -10,7 +10,8 @@ d2t/t2d), `common` (content hashes, step records, summaries, atomic files), `ste
 progress bar and closing summary line).
 At scale: `tp_steps` (capture and regenerate on a tensor-parallel target under torchrun),
 `vllm_engine`, `vllm_regenerate` and `vllm_capture` (the same steps through vLLM in its own Python:
---engine vllm; `engine_choice`: --engine auto, the default, picks one), `fp8` and `capture_storage`
+--engine vllm; `engine_choice`: --engine auto, the default, picks one; `step_options`: their numeric
+flags checked before either engine), `fp8` and `capture_storage`
 (e4m3 captures with per-token scales; bytes per token).
 Every step writes `draftsmith_data.json` last; same inputs = no-op; killed steps resume.
 """

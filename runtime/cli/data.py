@@ -204,6 +204,10 @@ def _run_data(step: str):
     def run(args: argparse.Namespace) -> None:
         import importlib
 
+        if step in ("regenerate", "capture"):  # bad numbers exit 2 whatever the engine, before choosing one
+            from draftsmith.data_recipes.step_options import check_step_options
+
+            check_step_options(args)
         if getattr(args, "engine", "draftsmith") == "auto":  # one log line says which engine and why
             from draftsmith.data_recipes.engine_choice import choose_engine
 

@@ -115,6 +115,12 @@ class Family:
     def layer_class(self):
         return getattr(self.modeling_module(), f"{self.prefix}DecoderLayer")
 
+    def keep_in_fp32(self) -> tuple[str, ...]:
+        """Module names transformers keeps in fp32 whatever the dtype (DeepSeek-V3's router:
+        `gate.weight`, `e_score_correction_bias`), from the family's PreTrainedModel."""
+        base = getattr(self.modeling_module(), f"{self.prefix}PreTrainedModel", None)
+        return tuple(getattr(base, "_keep_in_fp32_modules_strict", None) or ())
+
     def rmsnorm_class(self):
         return getattr(self.modeling_module(), f"{self.prefix}RMSNorm")
 

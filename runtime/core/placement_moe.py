@@ -5,6 +5,7 @@ tensor-parallel plan that runtime/core/placement.py needs before it loads one, a
     split_widths(config)                  # the MLP widths a tp_size must divide (dense and expert)
     split_param(name, plan)               # whether a parameter's rule splits it 1/tp (3-D expert tensors too)
     whole_layer_state(target, index)      # a TP target's layer, whole, from its checkpoint (experts fused)
+                                          # (also TargetParts.layer_state's, for MoE families)
 
 The split is transformers' own `base_model_tp_plan` for these families (5.24, configuration_qwen3_moe.py,
 configuration_mixtral.py; styles in transformers/distributed/tensor_parallel.py), the one vLLM's FusedMoE
@@ -82,6 +83,7 @@ def split_param(name: str, plan: dict[str, str]) -> bool:
 # transformers/conversion_mapping.py): the MoE block's name there, and the expert's gate, up, down names.
 EXPERT_CHECKPOINT = {
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "deepseek_v3": ("mlp", "gate_proj", "up_proj", "down_proj"),  # no TP loader, but TargetParts reads it
     "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
 }
 
@@ -105,12 +107,13 @@ def checkpoint_layer_names(family, names: list[str], stored, prefix: str, expert
     return out
 
 
-def whole_layer_state(target, index: int) -> dict[str, torch.Tensor]:
+def whole_layer_state(target, index: int, layer=None) -> dict[str, torch.Tensor]:
     """Decoder layer `index`'s whole tensors under the module's names, read from a tensor-parallel target's
-    checkpoint (this rank holds shards; no collective, so one rank of a group may call it alone)."""
+    checkpoint (this rank holds shards; no collective, so one rank of a group may call it alone). `layer`:
+    the module whose names to give, for a target that holds no layers (TargetParts: a meta-device one)."""
     from draftsmith.runtime.core.checkpoint_index import Checkpoint
 
-    layer = target.decoder.layers[index]
+    layer = target.decoder.layers[index] if layer is None else layer
     prefix = f"{target.family.checkpoint_prefix}layers.{index % target.num_layers}."
     stored = Checkpoint.open(Path(target.path)).weight_map.__contains__
     experts = getattr(getattr(layer.mlp, "experts", None), "num_experts", 0)

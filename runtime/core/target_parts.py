@@ -142,7 +142,13 @@ class TargetParts(TargetPieces):
             len(tensors),
             gigabytes(sum(t.numel() * t.element_size() for t in tensors.values())),
         )
-        return {n: t.to(self.device, self.dtype) if t.is_floating_point() else t for n, t in tensors.items()}
+        fp32 = self.family.keep_in_fp32()  # as transformers loads them: DeepSeek-V3's router stays fp32
+        return {
+            n: t.to(self.device, torch.float32 if kept(n, fp32) else self.dtype)
+            if t.is_floating_point()
+            else t
+            for n, t in tensors.items()
+        }
 
     def weights_hash(self) -> str:
         """artifacts.weights_hash of the whole target, from the tensors it hashes (read once, in the
@@ -154,7 +160,10 @@ class TargetParts(TargetPieces):
 
     def layer_state(self, index: int) -> dict[str, torch.Tensor]:
         """Decoder layer `index`'s tensors under the layer's own names (`self_attn.q_proj.weight`, ...):
-        what `Target.layer_state` returns (MTP blocks start as a copy of the last layer)."""
+        what `Target.layer_state` returns (MTP blocks start as a copy of the last layer). An MoE family's
+        checkpoint stores each expert apart (`mlp.experts.0.gate_proj.weight`; Mixtral's under
+        `block_sparse_moe.experts.0.w1`) where transformers' module holds them fused
+        (`mlp.experts.gate_up_proj` [E, 2 I, H]): those are read as the TP loader reads them."""
         prefix = f"{self.family.checkpoint_prefix}layers.{index % self.num_layers}."
         # old checkpoints also store each layer's rotary inv_freq, which transformers drops on load
         names = [n for n in self.checkpoint.weight_map if n.startswith(prefix) and "rotary_emb" not in n]
@@ -164,6 +173,12 @@ class TargetParts(TargetPieces):
                 f"{self.checkpoint.folder / self.checkpoint.source} without {prefix}*",
                 "its tensors",
             )
+        if self.family.moe:
+            from draftsmith.runtime.core.placement_moe import whole_layer_state
+
+            with torch.device("meta"):  # the module's names and expert count only, no memory
+                layer = self.family.layer_class()(self.config, index % self.num_layers)
+            return whole_layer_state(self, index, layer)
         return {n.removeprefix(prefix): t for n, t in self._read(names).items()}
 
     # ---- what needs the decoder layers -----------------------------------------------------------------
@@ -181,3 +196,8 @@ class TargetParts(TargetPieces):
 
     def run_layers(self, *args, **kwargs):
         self._refuse("a forward")
+
+
+def kept(name: str, patterns: tuple[str, ...]) -> bool:
+    """`name` ends in one of transformers' keep-in-fp32 module patterns (`...mlp.gate.weight`)."""
+    return any(f".{name}".endswith(f".{p}") or f".{p}." in f".{name}." for p in patterns)
