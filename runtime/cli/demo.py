@@ -35,6 +35,7 @@ import torch
 from draftsmith.runtime.bench.types import is_baseline
 from draftsmith.runtime.core.config import atomic_write_text, load_config, save_config
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.core.row_linear import check_mode
 
 log = logging.getLogger("draftsmith")
 QUICK_TRAIN = [  # --quick: about 5 minutes of training on 2 cores
@@ -71,6 +72,7 @@ class DemoConfig:
     export_formats: list[str] = field(default_factory=lambda: ["eagle3", "speculators"])
     device: str = "auto"
     dtype: str = "auto"
+    cpu_linears: str = "auto"  # auto | torch (runtime/core/row_linear.py)
     out_dir: str = "runs/demo"
 
     def validate(self) -> None:
@@ -79,6 +81,7 @@ class DemoConfig:
                 raise BadInputError(key, getattr(self, key), "an integer >= 1")
         if not self.methods:
             raise BadInputError("methods", self.methods, "at least one method")
+        check_mode("cpu_linears", self.cpu_linears)
         for method in self.methods:
             if not is_baseline(method) and "@" not in method:
                 raise BadInputError("methods", method, "a bench baseline (hf, ...) or DRAFT@TREE")
@@ -261,6 +264,7 @@ def bench_head(cfg: DemoConfig, head: Path, target, folder: Path, command: str) 
         out=str(folder),
         device=cfg.device,
         dtype=cfg.dtype,
+        cpu_linears=cfg.cpu_linears,
         command=command,
     )
     return run_bench(request, target=target)

@@ -19,6 +19,7 @@ import time
 from draftsmith.runtime.cli.args import (
     Formatter,
     add_attention_arg,
+    add_cpu_linears_arg,
     add_quantize_args,
     add_target_args,
     finite_float_arg,
@@ -97,6 +98,7 @@ def add_generate(sub) -> None:
         "graphs)",
     )
     add_attention_arg(p)
+    add_cpu_linears_arg(p)
     add_quantize_args(p)
     add_ssd_args(p)  # runtime/cli/ssd.py
     p.set_defaults(run=run_generate)
@@ -134,9 +136,19 @@ def run_generate(args: argparse.Namespace) -> None:
         from draftsmith.runtime.core.kernel_attention import use_kernel_attention
 
         use_kernel_attention(target, args.attention)
+    rows_plan = set()
+    if args.cpu_linears == "auto":  # fp32 on a CPU only; a quantized target keeps its own linears
+        from draftsmith.runtime.core.row_linear import tune_rows_plan
+
+        rows_plan = tune_rows_plan(target)
     drafter = ssd_cli.build(args, target, ssd_depth) if ssd_depth else build_drafter(args.draft, target, tree)
     if draft_quant is not None:
         quantize_draft(drafter, target, draft_quant, args.draft)
+    if rows_plan:  # a head's or draft model's own linears too (after --quantize-draft: those keep theirs)
+        from draftsmith.runtime.core.row_linear import drafter_roots, use_rows_linear
+
+        for root in drafter_roots(drafter, target):
+            use_rows_linear(root, rows_plan)
     prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
     policy = None
     if auto_depth and drafter is not None:  # measured before the clock starts, like a server's start-up

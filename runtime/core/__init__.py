@@ -10,6 +10,7 @@
 - caches and attention: `kv_cache`, `masks`, `kernel_attention` (tree attention through draftsmith.kernels),
   `mla` (what an MLA target's cache holds: a latent and a rope key of two widths);
 - `quantize`: weight-only int8/int4 (CPU) and fp8 (CUDA) linears for the target and for drafts;
+- `row_linear`: fp32 CPU linears over few rows as `W @ x^T` where it measured faster (`--cpu-linears`);
 - engines: `engine` (plain decoding), `speculative` (propose -> verify in one forward -> accept -> commit),
   `cycle_timing` (each cycle's draft and verify time);
 - shared: `config` (strict dataclass + YAML configs), `errors` (exit code 2 for bad input), `prompts`

@@ -1,7 +1,9 @@
-"""What runs in another Python (vLLM's venv, which draftsmith's does not have), and the pipe to it.
+"""What runs in another Python (vLLM's or llama.cpp's venv, which draftsmith's does not have), and the pipe.
 
-`worker_process` (start a JSON-lines worker in its own session, read its replies, stop it; draftsmith's
+`jsonl_channel` (the workers' side of the pipe: reply channel, error replies, request loop; standard library
+only), `worker_process` (start a JSON-lines worker in its own session, read its replies, stop it; draftsmith's
 side), and the scripts that run under vLLM's Python, standard library only, by path: `vllm_worker` (the
 bench's vLLM engine), `vllm_data_worker` (regeneration and capture for the data steps),
-`vllm_hidden_connector` (vLLM's hidden-states connector made to work on a CPU).
+`vllm_hidden_connector` (vLLM's hidden-states connector made to work on a CPU), and `llamacpp_worker` (the
+bench's llama.cpp engine, under llama-cpp-python's Python).
 """

@@ -48,11 +48,10 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from pathlib import Path
 
-# the bench worker beside this file (sys.path[0] when run as a script): the same JSON-lines channel
-from vllm_worker import protocol_channel, send
+# the workers' channel beside this file (sys.path[0] when run as a script)
+from jsonl_channel import error_reply, protocol_channel, send
 
 CONNECTOR_MODULE = "draftsmith_vllm_hidden_connector"  # the name its private copy is imported under
 
@@ -196,12 +195,12 @@ def main(argv=None) -> int:
                        "init_s": time.perf_counter() - t0,
                        "tensor_parallel_size": args.tensor_parallel_size})  # fmt: skip
     except Exception as err:  # noqa: BLE001 (any failure to load is reported, then the worker exits)
-        send(channel, {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
+        send(channel, error_reply(err))
         return 1
     try:
         serve(llm, channel, args.mode)
     except Exception as err:  # noqa: BLE001
-        send(channel, {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()})
+        send(channel, error_reply(err))
         return 1
     return 0
 

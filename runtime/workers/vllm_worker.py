@@ -30,11 +30,12 @@ the engine processes it spawns go there) and the protocol is written on a privat
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the worker's own folder, even with -P
+from jsonl_channel import error_reply, protocol_channel, send, serve_requests  # noqa: E402
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -43,20 +44,6 @@ SPEC_COUNTERS = {
 }
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 WARMUP_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
-
-
-def protocol_channel():
-    """A text stream on a private copy of stdout; fd 1 (and sys.stdout) now write to stderr."""
-    sys.stdout.flush()
-    channel = os.fdopen(os.dup(1), "w", buffering=1)  # os.dup: not inherited by spawned processes
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return channel
-
-
-def send(channel, message: dict) -> None:
-    channel.write(json.dumps(message) + "\n")
-    channel.flush()
 
 
 def build_llm(args):
@@ -150,10 +137,6 @@ def serve(llm, request: dict, speculative: bool) -> dict:
     }
 
 
-def error_reply(err: BaseException) -> dict:
-    return {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-
-
 def start(args, channel):
     """Build the engine and warm it up; answer ready (-> the engine) or an error (-> None)."""
     try:
@@ -184,17 +167,7 @@ def start(args, channel):
 
 def loop(llm, channel) -> None:
     speculative = llm.llm_engine.vllm_config.speculative_config is not None
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            request = json.loads(line)
-            if request.get("cmd") == "quit":
-                return
-            reply = serve(llm, request, speculative)
-        except Exception as err:  # a bad request is answered, the engine keeps serving
-            reply = error_reply(err)
-        send(channel, reply)
+    serve_requests(channel, lambda request: serve(llm, request, speculative))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftsmith.runtime.bench import vllm_method
+from draftsmith.runtime.bench import vllm_method, worker_method
 from draftsmith.runtime.bench.vllm_method import (
     VllmMethod,
     batch_output,
@@ -77,16 +77,16 @@ def test_method_names_parse():
 
 
 def fake_find_spec(has_vllm: bool):
-    real = vllm_method.importlib.util.find_spec
+    real = worker_method.importlib.util.find_spec
     return lambda name, *a: (object() if has_vllm else None) if name == "vllm" else real(name, *a)
 
 
 def test_find_vllm_python_order(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("DRAFTSMITH_VLLM_PYTHON", raising=False)
-    monkeypatch.setattr(vllm_method.importlib.util, "find_spec", fake_find_spec(True))
+    monkeypatch.setattr(worker_method.importlib.util, "find_spec", fake_find_spec(True))
     assert find_vllm_python() == sys.executable
-    monkeypatch.setattr(vllm_method.importlib.util, "find_spec", fake_find_spec(False))
+    monkeypatch.setattr(worker_method.importlib.util, "find_spec", fake_find_spec(False))
     assert find_vllm_python() is None
     local = tmp_path / ".venv-vllm" / "bin" / "python"
     local.parent.mkdir(parents=True)
