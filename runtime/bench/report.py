@@ -46,8 +46,9 @@ def format_table(rows: list[dict]) -> str:
                 if r.get("greedy_near_ties_only")
                 else f"**NO** ({n} mismatching requests)"
             )
+        method = r["method"] + (f" [{r['weights']} weights]" if r.get("weights") else "")  # another engine's
         lines.append(
-            f"| {r['method']} | {r['temperature']:g} | {r['batch_size']} | {r['tokens_per_s']:.1f} "
+            f"| {method} | {r['temperature']:g} | {r['batch_size']} | {r['tokens_per_s']:.1f} "
             f"| {r['speedup_vs_plain']:.2f} | {_fmt(r.get('mean_accepted'))} | {_fmt(r.get('efficiency'))} "
             f"| {accept}{depth} | {_fmt(r.get('draft_ms_per_cycle'))} | {_fmt(r.get('verify_ms_per_cycle'))} "
             f"| {_fmt(r.get('draft_share_of_wall'), '.0%')} | {_fmt(r['ttft_ms']['median'], '.0f')} "

@@ -206,3 +206,12 @@ def test_llamacpp_runs_the_target_gguf_by_default(smollm2):
     """Without :GGUF the row runs the embedded target's own Q4_1 file, and says so."""
     outs, weights = llamacpp_rows("llamacpp", smollm2, [smollm2.encode(PROMPTS[0])], 8)
     assert weights == "Q4_1" and len(outs[0].token_ids[0]) == 8
+
+
+def test_report_rows_name_the_weights():
+    from draftsmith.runtime.bench.report import format_table
+
+    base = {"temperature": 0.0, "batch_size": 1, "tokens_per_s": 90.0, "speedup_vs_plain": 3.0,
+            "ttft_ms": {"median": None}, "tpot_ms": {"median": None}}  # fmt: skip
+    table = format_table([{**base, "method": "llamacpp", "weights": "Q4_1"}, {**base, "method": "plain"}])
+    assert "| llamacpp [Q4_1 weights] |" in table and "| plain |" in table
