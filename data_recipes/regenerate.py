@@ -6,7 +6,8 @@ with answers 1..j-1 already replaced, the user (and system) turns kept as they w
 
     draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8 --max-new-tokens 512
 
-- Batched through draftsmith's own decoding engine (`engine.decode_batch`), rows grouped by turn.
+- Batched through draftsmith's own decoding engine (`engine.decode_batch`), rows grouped by turn and, within
+  a turn, by prompt length (less padding in each batch's prefill).
 - Deterministic under a seed: each (conversation id, turn) samples with its own generator seeded from
   (seed, id, turn), so answers do not depend on batch size, order, or on where a killed run resumed.
 - Sharded with `--num-shards N --shard-index K` (one process or machine each): part K regenerates a
@@ -105,6 +106,10 @@ def generate_turns(
                 continue
             history = [_with_answer(m, i, row_id, answers) for i, m in enumerate(messages[: turns[r]])]
             todo.append((row_id, turns[r], chat_prompt_ids(target, history)))
+        # Batch prompts of similar length: a static batch prefills every row at the longest prompt's
+        # width, and prefill is most of the work when answers are short (BENCHMARKS.md, issue 22). The
+        # answers do not change: each depends only on its own prompt and (seed, id, turn).
+        todo.sort(key=lambda item: len(item[2]))
         for start in range(0, len(todo), batch_size):
             batch = todo[start : start + batch_size]
             batch = [b for b in batch if _fits(target, b, summary, dropped)]

@@ -80,6 +80,29 @@ def test_seeded_sampling_is_independent_of_batch_size(tiny_target, prepared, tmp
     assert messages_by_id(other) != runs[0]
 
 
+def test_batches_group_prompts_of_similar_length(tiny_target, prepared, tmp_path, monkeypatch):
+    """Within a round, batches take the prompts shortest first (less padding in each static batch's
+    prefill); the answers equal a batch-size-1 run's."""
+    real, widths = regen.decode_batch, []
+
+    def recording(target, prompts, *args, **kwargs):
+        widths.append(sorted(len(p) for p in prompts))
+        return real(target, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(regen, "decode_batch", recording)
+    out = tmp_path / "sorted"
+    regen.regenerate(tiny_target, prepared, out, SamplingParams(), 6, batch_size=2, progress=False)
+    first_round = widths[:3]  # five conversations, one first turn each: batches of 2, 2, 1
+    assert [len(w) for w in first_round] == [2, 2, 1]
+    assert all(a[-1] <= b[0] for a, b in zip(first_round, first_round[1:]))
+    flat = [n for w in first_round for n in w]
+    assert flat == sorted(flat) and flat[0] < flat[-1]  # the prompts differ, so the order is a real check
+    monkeypatch.setattr(regen, "decode_batch", real)
+    one = tmp_path / "batch-1"
+    regen.regenerate(tiny_target, prepared, one, SamplingParams(), 6, batch_size=1, progress=False)
+    assert messages_by_id(out) == messages_by_id(one)
+
+
 def test_killed_run_resumes_to_the_same_result(tiny_target, prepared, tmp_path, monkeypatch):
     params = SamplingParams(temperature=1.0)
     straight = tmp_path / "straight"
