@@ -4,7 +4,8 @@
     choose_engine("regenerate", args)             # the same, logged as one line, args.engine set to it
 
 Issue 22: the faster engine on a device becomes that device's default. `MEASURED` holds the measured
-cases where vLLM beat draftsmith's engine (BENCHMARKS.md); auto picks vLLM only there, and only when
+cases where vLLM beat draftsmith's engine (BENCHMARKS.md), `MEASURED_NOT_FASTER` those where it did not
+(their log line cites the measurement); auto picks vLLM only in the first, and only when
 
 - the step runs as one process (no torchrun, --target-placement replicate, no --tp-size): the vLLM path
   has its own tensor parallelism (--tensor-parallel-size) and does not take draftsmith's placements;
@@ -48,6 +49,14 @@ MEASURED = {
     ),
 }
 
+# (step, device type) -> the measurement where vLLM was not faster: auto keeps draftsmith's engine, says why.
+MEASURED_NOT_FASTER = {
+    ("capture", "cpu"): (
+        "0.92x draftsmith's engine on an Intel Xeon (median 980 vs 1070 tokens/s, --max-num-seqs 32; "
+        'BENCHMARKS.md, "Capture: draftsmith\'s engine vs vLLM-CPU")'
+    ),
+}
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -70,6 +79,9 @@ def resolve_engine(step: str, args) -> Choice:
     measured = MEASURED.get((step, device))
     if measured is None:
         where = device or f"--device {args.device}"
+        slower = MEASURED_NOT_FASTER.get((step, device))
+        if slower is not None:
+            return Choice("draftsmith", f"vLLM is measured no faster for {step} on {where}: {slower}{keep}")
         return Choice("draftsmith", f"vLLM is not measured faster for {step} on {where}{keep}")
     from draftsmith.data_recipes.vllm_engine import BUILD_HINT, find_python
 

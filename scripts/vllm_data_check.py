@@ -5,6 +5,8 @@
     python scripts/vllm_data_check.py capture-agree --draftsmith A --vllm B [--rtol 1e-4]
     python scripts/vllm_data_check.py bench --data DIR --out J [--batches 8,32,64] [--max-new-tokens 128]
                                             [--engines draftsmith,vllm]
+    python scripts/vllm_data_check.py capture-bench --data DIR --out J [--rounds 2] [--max-num-seqs 32]
+                                                    [--storage-dtype bfloat16]
 
 Run from the repository root in draftsmith's venv (the vLLM side runs in .venv-vllm by itself);
 scripts/check_vllm_data.sh calls these. Exit 1 when a check fails.
@@ -21,6 +23,10 @@ scripts/check_vllm_data.sh calls these. Exit 1 when a check fails.
   --max-num-seqs) on the same conversations, fp32, greedy; tokens = the answers re-tokenized (the same
   count for both engines); wall = the step without loading the model (vLLM: without engine start-up).
   Greedy agreement of each run with draftsmith's batch-8 answers (regen-agree's rule) is reported too.
+- capture-bench: `draftsmith data capture` tokens/s of each engine on the same prepared DIR, the engines
+  alternating for --rounds rounds (a drift in the machine's speed hits both); each run is the CLI in its
+  own process, timed by the step's record (`last_run.wall_s`: the capture loop, without loading the model
+  or starting vLLM's engine). Prints each run, then the median tokens/s per engine and their ratio.
 """
 
 from __future__ import annotations
@@ -179,6 +185,44 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def capture_run(engine: str, args, out: Path) -> dict:
+    """One `draftsmith data capture` run in its own process; its tokens and wall time from its record."""
+    import subprocess
+
+    cmd = [str(Path(sys.executable).parent / "draftsmith"), "data", "capture", "--engine", engine,
+           "--target", args.target, "--data", args.data, "--out", str(out),
+           "--storage-dtype", args.storage_dtype, "--max-num-seqs", str(args.max_num_seqs),
+           *(["--vllm-python", args.vllm_python] if args.vllm_python else [])]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    outputs = json.loads((out / "draftsmith_data.json").read_text())["outputs"]
+    wall = outputs["last_run"]["wall_s"]
+    return {"engine": engine, "tokens": outputs["tokens"], "rows": outputs["rows"], "wall_s": wall,
+            "tokens_per_s": round(outputs["tokens"] / wall, 1)}  # fmt: skip
+
+
+def cmd_capture_bench(args) -> int:
+    import shutil
+    import statistics
+
+    engines = args.engines.split(",")
+    work = Path(tempfile.mkdtemp(prefix="capture-bench-", dir=args.work))
+    rows = []
+    for round_ in range(args.rounds):
+        for engine in engines if round_ % 2 == 0 else engines[::-1]:  # ABBA: neither always goes first
+            out = work / f"{engine}-{round_}"
+            row = {"round": round_, **capture_run(engine, args, out)}
+            shutil.rmtree(out)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    median = {e: statistics.median(r["tokens_per_s"] for r in rows if r["engine"] == e) for e in engines}
+    report = {"settings": vars(args), "rows": rows, "median_tokens_per_s": median}
+    if len(engines) == 2:
+        report["ratio"] = {f"{engines[1]}/{engines[0]}": round(median[engines[1]] / median[engines[0]], 3)}
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print("median capture tokens/s:", json.dumps(median), json.dumps(report.get("ratio", {})))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -204,9 +248,19 @@ def main(argv=None) -> int:
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--vllm-python")
     b.add_argument("--work", default=None, help="where the regenerated folders go (a temp folder in it)")
+    cb = sub.add_parser("capture-bench")
+    cb.add_argument("--target", default="smollm2-135m")
+    cb.add_argument("--data", required=True)
+    cb.add_argument("--out", required=True)
+    cb.add_argument("--engines", default="draftsmith,vllm")
+    cb.add_argument("--rounds", type=int, default=2)
+    cb.add_argument("--max-num-seqs", type=int, default=32)
+    cb.add_argument("--storage-dtype", default="bfloat16")
+    cb.add_argument("--vllm-python")
+    cb.add_argument("--work", default=None, help="where the captures go while timed (a temp folder in it)")
     args = p.parse_args(argv)
     run = {"regen-agree": cmd_regen_agree, "same-rows": cmd_same_rows, "capture-agree": cmd_capture_agree,
-           "bench": cmd_bench}  # fmt: skip
+           "bench": cmd_bench, "capture-bench": cmd_capture_bench}  # fmt: skip
     return run[args.cmd](args)
 
 
