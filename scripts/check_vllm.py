@@ -4,6 +4,7 @@
     python scripts/check_vllm.py run --model TARGET_DIR --prompts ds.jsonl --out plain.json
     python scripts/check_vllm.py run --model TARGET_DIR --draft HEAD_DIR --k 2 --prompts ds.jsonl --out s.json
     python scripts/check_vllm.py run --model SPECULATORS_DIR --prompts ds.jsonl --out spec-model.json
+    python scripts/check_vllm.py run --model T --draft PEAGLE_DIR --k 4 --parallel-drafting ...  # P-EAGLE
     # anywhere (stdlib only): the comparison table and summary.json
     python scripts/check_vllm.py compare --draftsmith ds.jsonl --plain plain.json --spec NAME=spec.json ...
 
@@ -108,6 +109,8 @@ def run(args) -> int:
                 "model": args.draft,
                 "num_speculative_tokens": args.k or 2,
             }
+            if args.parallel_drafting:  # a P-EAGLE head in vLLM's EAGLE-3 layout (mask_token_id)
+                kwargs["speculative_config"]["parallel_drafting"] = True
         elif args.k:  # --model is a speculators folder: override the K its config carries
             kwargs["speculative_config"] = {"num_speculative_tokens": args.k}
         result["llm_kwargs"] = kwargs
@@ -122,6 +125,7 @@ def run(args) -> int:
                 "method": spec_cfg.method,
                 "model": spec_cfg.model,
                 "num_speculative_tokens": spec_cfg.num_speculative_tokens,
+                "parallel_drafting": spec_cfg.parallel_drafting,
             }
         )
         llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
@@ -357,8 +361,8 @@ def main() -> int:
     r.add_argument(
         "--method",
         default="eagle3",
-        choices=["eagle3", "medusa", "mtp"],
-        help="with --draft: eagle3 or medusa (the head's vLLM layout); mtp: --model's own MTP layers",
+        choices=["eagle3", "medusa", "dflash", "mtp"],
+        help="with --draft: eagle3, medusa or dflash (the head's vLLM layout); mtp: --model's own MTP layers",
     )
     r.add_argument(
         "--k",
@@ -366,6 +370,11 @@ def main() -> int:
         default=0,
         help="num_speculative_tokens (with --draft: default 2; "
         "with a speculators --model: overrides its config, 0 keeps it)",
+    )
+    r.add_argument(
+        "--parallel-drafting",
+        action="store_true",
+        help="with --draft: speculative_config parallel_drafting (P-EAGLE: K drafts in one forward)",
     )
     r.add_argument("--max-num-seqs", type=int, default=1, help="vLLM batch size (1 = like draftsmith's)")
     r.add_argument("--prompts", required=True, help="draftsmith generate --json output (prompt_token_ids)")

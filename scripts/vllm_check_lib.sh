@@ -1,5 +1,6 @@
-# Shell pieces the vLLM checks share (scripts/check_vllm.sh, scripts/check_vllm_medusa.sh); sourced, with
-# OUT, TIMINGS, VENV and MAX_TOKENS set and OUT/draftsmith.jsonl written before vllm_run is called.
+# Shell pieces the vLLM checks share (scripts/check_vllm.sh, check_vllm_medusa.sh, check_vllm_peagle.sh);
+# sourced, with OUT, TIMINGS, VENV and MAX_TOKENS set and OUT/draftsmith.jsonl written before vllm_run
+# is called.
 #   phase NAME COMMAND...     run it, record its wall time in $TIMINGS
 #   vllm_run NAME ARGS...     scripts/check_vllm.py run in $VENV, one engine per process, into
 #                             $OUT/vllm-NAME.json; a load failure is recorded there, not fatal
