@@ -110,10 +110,10 @@ def main() -> None:
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     storages = {**RUNS, **({"fp8-all": FP8_ALL} if args.fp8_all else {})}
-    runs = {
+    runs = {  # bf16 at every seed first: the seed-to-seed spread is known before the fp8 runs end
         (name if seed == seeds[0] else f"{name}-seed{seed}"): [*storage, f"train.seed={seed}"]
-        for seed in seeds
         for name, storage in storages.items()
+        for seed in seeds
     }
     shared = [
         "data.mode=offline",
