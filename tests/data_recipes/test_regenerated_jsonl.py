@@ -5,24 +5,18 @@ as the regenerated folder itself, so a train run on it learns the target's own a
     OMP_NUM_THREADS=1 python -m pytest tests/data_recipes/test_regenerated_jsonl.py -q
 """
 
-import importlib.util
 import json
-from pathlib import Path
 
 import datasets
+from repo_files import load_repo_file
 
 from draftsmith.data_recipes import regenerate as regen
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.runtime.verify.sampling import SamplingParams
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "regenerated_to_jsonl.py"
-
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("regenerated_to_jsonl", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_file("scripts/regenerated_to_jsonl.py")
 
 
 def rows_by_split(folder):

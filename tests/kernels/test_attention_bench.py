@@ -1,19 +1,12 @@
 """scripts/attention_bench.py's plumbing on CPU (it runs unattended on a lent GPU): every method is timed on
 every shape and agrees with the fp32 reference; the table prints."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "attention_bench.py"
+from repo_files import load_repo_file
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("attention_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_file("scripts/attention_bench.py")
 
 
 def test_attention_bench_measures_every_method_on_every_shape(capsys):

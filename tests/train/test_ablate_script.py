@@ -4,7 +4,6 @@ levers and a 1-second budget each, then a rerun that skips both (slow: ~30 s on 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_ablate_script.py -q -m "slow or not slow"
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -13,15 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_files import load_repo_file
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ablate_eagle3.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("ablate_eagle3", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_file("scripts/ablate_eagle3.py")
 
 
 def result(lever, tau, accs, overrides=()):

@@ -4,19 +4,12 @@
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_fp8_vs_bf16_script.py -q
 """
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fp8_vs_bf16.py"
+from repo_files import load_repo_file
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("fp8_vs_bf16", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_repo_file("scripts/fp8_vs_bf16.py")
 
 
 def run(accs):
