@@ -15,7 +15,8 @@ Shard format (`OUT/shard-00000.safetensors`, about `--shard-tokens` tokens each,
     aux_hidden   dtype [N, A*H]         A = len(aux_layers), in aux-layer order; dtype = --storage-dtype
     last_hidden  dtype [N, H]           pre-norm output of the last decoder layer
     *_scale      float32 [N, A] / [N, 1] with --storage-dtype fp8 only: e4m3fn values times these per-token
-                 scales (data_recipes/capture_storage.py; the last hidden state stays bfloat16 unless
+                 scales (data_recipes/capture_storage.py; --fp8-bf16-layers keeps named aux layers in
+                 bfloat16 as aux_hidden_bf16; the last hidden state stays bfloat16 unless
                  --fp8-last-hidden)
     offsets      int64 [R+1]            row r is tokens offsets[r]:offsets[r+1]
     row_index    int64 [R]              the row's index in the captured split(s) (train first for `all`)
@@ -65,6 +66,8 @@ from draftsmith.data_recipes.capture_storage import (  # noqa: F401 (re-exported
     check_disk,
     check_storage,
     human_bytes,
+    kept_positions,
+    parse_bf16_layers,
 )
 from draftsmith.data_recipes.common import (
     RECORD_FILE,
@@ -136,8 +139,15 @@ def capture_row(target, input_ids, aux_layers: Sequence[int]) -> dict[str, torch
 
 
 # ---- the step -------------------------------------------------------------------------------------------
-def _check_options(storage_dtype: str, split: str, shard_tokens: int, fp8_last_hidden: bool = False) -> None:
-    check_storage(storage_dtype, fp8_last_hidden)
+def _check_options(
+    storage_dtype: str,
+    split: str,
+    shard_tokens: int,
+    fp8_last_hidden: bool = False,
+    bf16_layers=(),
+    layers=None,
+) -> None:
+    check_storage(storage_dtype, fp8_last_hidden, bf16_layers, layers)
     if split not in SPLITS:
         raise BadInputError("--split", split, f"one of {list(SPLITS)}")
     if not isinstance(shard_tokens, int) or shard_tokens < 1:
@@ -162,12 +172,14 @@ def capture_done(
     split="train",
     shard_tokens=65536,
     fp8_last_hidden=False,
+    fp8_bf16_layers=(),
 ) -> dict | None:
     """The finished capture in `out` (one run's, or all its parts') that `capture` with these arguments
     would leave, else None. Multi-process training asks every rank before any of them writes."""
     data_record = require_whole(data_dir, "--data", DATA_STEPS)
     layers = resolve_aux_layers(aux_layers, target.num_layers)
-    record = _record(target, data_record, layers, storage_dtype, split, shard_tokens, fp8_last_hidden)
+    fp8 = (fp8_last_hidden, tuple(fp8_bf16_layers))
+    record = _record(target, data_record, layers, storage_dtype, split, shard_tokens, fp8)
     return _whole_done(Path(out), record)
 
 
@@ -179,9 +191,10 @@ def _whole_done(out: Path, record: StepRecord) -> dict | None:
 
 
 def _record(
-    target, data_record: dict, layers, storage_dtype: str, split: str, shard_tokens: int, fp8_last=False
+    target, data_record: dict, layers, storage_dtype: str, split: str, shard_tokens: int, fp8=(False, ())
 ) -> StepRecord:
-    """The capture's step record before any work: its inputs decide the hash (a part adds "shard")."""
+    """The capture's step record before any work: its inputs decide the hash (a part adds "shard").
+    fp8 = (fp8_last_hidden, fp8_bf16_layers)."""
     record = StepRecord(
         "capture",
         inputs={
@@ -198,7 +211,9 @@ def _record(
         },
     )
     if storage_dtype == "fp8":  # only then: the hashes of other captures stay as they were
-        record.inputs["last_hidden_dtype"] = Storage.of("fp8", 0, 0, fp8_last).last
+        record.inputs["last_hidden_dtype"] = Storage.of("fp8", 0, 0, fp8[0]).last
+    if fp8[1]:  # in aux-layer order: [14, 1] and [1, 14] are one capture
+        record.inputs["fp8_bf16_layers"] = [layers[i] for i in kept_positions(layers, fp8[1])]
     return record
 
 
@@ -215,20 +230,23 @@ def capture(
     shard_index: int = 0,
     fp8_last_hidden: bool = False,
     row_tensors=None,
+    fp8_bf16_layers=(),
 ) -> dict:
     """The `data capture` step; returns the finished step record (a no-op when already done).
 
     With num_shards > 1 it captures part `shard_index` (rows of about a num_shards-th of the tokens,
     `parts.balanced_range`) into OUT/part-K-of-N/; the parts read as one capture (CaptureFolder).
+    fp8_bf16_layers: aux layer ids kept in bfloat16 under storage_dtype fp8 (capture_storage).
     row_tensors(rows) -> f(ids) -> tensors: another engine's rows (data_recipes/vllm_capture.py)."""
     data_dir, out = Path(data_dir), Path(out)
     check_shard_args(num_shards, shard_index)
     data_record = require_whole(data_dir, "--data", DATA_STEPS)
     check_same_target(data_record, target, "--target")
     layers = resolve_aux_layers(aux_layers, target.num_layers)
-    _check_options(storage_dtype, split, shard_tokens, fp8_last_hidden)
+    _check_options(storage_dtype, split, shard_tokens, fp8_last_hidden, fp8_bf16_layers, layers)
     guard_out_dir(out, data_dir, "capture")
-    record = _record(target, data_record, layers, storage_dtype, split, shard_tokens, fp8_last_hidden)
+    fp8 = (fp8_last_hidden, tuple(fp8_bf16_layers))
+    record = _record(target, data_record, layers, storage_dtype, split, shard_tokens, fp8)
     whole = _whole_done(out, record)  # made before, in one run or in parts
     if whole is not None:
         log.info("capture: %s is up to date (same inputs); nothing to do", out)
@@ -257,7 +275,8 @@ def capture(
         (part_out / RECORD_FILE).unlink()
     kept = scan_shards(part_out, record.inputs_hash, first_row=lo)
     start_row = int(kept[-1]["end_row"]) if kept else lo
-    storage = Storage.of(storage_dtype, len(layers), target.hidden_size, fp8_last_hidden)
+    bf16_aux = kept_positions(layers, fp8_bf16_layers)
+    storage = Storage.of(storage_dtype, len(layers), target.hidden_size, fp8_last_hidden, bf16_aux)
     check_disk(part_out, lengths[start_row:hi], start_row, len(kept), storage)
 
     static_meta = {
@@ -268,6 +287,7 @@ def capture(
         "aux_layer_convention": AUX_LAYER_CONVENTION,
         "storage_dtype": storage_dtype,
         **({"last_hidden_dtype": storage.last} if storage_dtype == "fp8" else {}),
+        **({"fp8_bf16_aux": json.dumps(list(bf16_aux))} if bf16_aux else {}),
         "hidden_size": str(target.hidden_size),
     }
     writer = ShardWriter(part_out, len(kept), start_row, static_meta, storage)
@@ -316,7 +336,7 @@ def capture(
         record.outputs["part"] = {
             "rows": [lo, hi],
             "command": _part_command(
-                target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards, fp8_last_hidden
+                target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards, fp8
             ),
         }
     return finish(part_out, record, summary)
@@ -352,14 +372,15 @@ def _capture_rows(
 
 
 def _part_command(
-    target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards, fp8_last=False
+    target, data_dir, out, layers, storage_dtype, split, shard_tokens, num_shards, fp8=(False, ())
 ) -> str:
     """The `draftsmith data capture` line that makes a part of this run (its --shard-index appended)."""
     words = ["draftsmith", "data", "capture", "--target", getattr(target, "path", None) or target.name]
     words += ["--dtype", str(target.dtype).removeprefix("torch."), "--data", str(data_dir), "--out", str(out)]
     words += ["--aux-layers", ",".join(map(str, layers)), "--storage-dtype", storage_dtype, "--split", split]
     words += ["--shard-tokens", str(shard_tokens), "--num-shards", str(num_shards)]
-    words += ["--fp8-last-hidden"] if fp8_last else []
+    words += ["--fp8-last-hidden"] if fp8[0] else []
+    words += ["--fp8-bf16-layers", ",".join(map(str, fp8[1]))] if fp8[1] else []
     return shlex.join(words)
 
 
@@ -388,7 +409,8 @@ def summary_lines(record: dict) -> list[str]:
     lines = [
         f"capture: {o['rows']} rows, {o['tokens']} tokens in {len(o['shards'])} shard(s), "
         f"{human_bytes(o['bytes'])} ({o['bytes_per_token']:.0f} bytes/token, {i['storage_dtype']}"
-        + (f", last hidden {i['last_hidden_dtype']})" if "last_hidden_dtype" in i else ")"),
+        + (f", last hidden {i['last_hidden_dtype']}" if "last_hidden_dtype" in i else "")
+        + (f", aux layers {i['fp8_bf16_layers']} bfloat16)" if "fp8_bf16_layers" in i else ")"),
         f"capture: aux layers {i['aux_layers']} (0-based layer outputs; vLLM/speculators ids "
         f"{[x + 1 for x in i['aux_layers']]})",
     ]
@@ -417,7 +439,8 @@ def run_from_args(args: argparse.Namespace) -> None:
     require_whole(args.data, "--data", DATA_STEPS)
     layers = parse_aux_layers(args.aux_layers)
     fp8_last = getattr(args, "fp8_last_hidden", False)
-    _check_options(args.storage_dtype, args.split, args.shard_tokens, fp8_last)
+    bf16_layers = parse_bf16_layers(getattr(args, "fp8_bf16_layers", None))
+    _check_options(args.storage_dtype, args.split, args.shard_tokens, fp8_last, bf16_layers, layers)
 
     from draftsmith.data_recipes.tp_steps import run_step
 
@@ -433,6 +456,7 @@ def run_from_args(args: argparse.Namespace) -> None:
             num_shards=num_shards,
             shard_index=shard_index,
             fp8_last_hidden=fp8_last,
+            fp8_bf16_layers=bf16_layers,
         )
 
     # one process, or this rank's share under torchrun (--target-placement tp: its group's part)

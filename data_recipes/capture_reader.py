@@ -26,13 +26,19 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.data_recipes.capture_storage import check_storage, decode
+from draftsmith.data_recipes.capture_storage import check_storage, decode, kept_positions
 from draftsmith.data_recipes.common import check_same_target
 from draftsmith.data_recipes.parts import require_whole
 from draftsmith.runtime.core.errors import BadInputError
 
 TOKEN_TENSORS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
-SHARD_KEYS = ("storage_dtype", "last_hidden_dtype", "hidden_size", "aux_layers")  # every shard the same
+SHARD_KEYS = (
+    "storage_dtype",
+    "last_hidden_dtype",
+    "fp8_bf16_aux",
+    "hidden_size",
+    "aux_layers",
+)  # all the same
 
 
 class CaptureFolder:
@@ -55,8 +61,10 @@ class CaptureFolder:
         self.hidden_size = inputs["hidden_size"]
         self.storage_dtype = inputs["storage_dtype"]
         self.last_dtype = inputs.get("last_hidden_dtype", self.storage_dtype)
+        bf16_layers = inputs.get("fp8_bf16_layers", [])
+        self.kept = kept_positions(self.aux_layers, bf16_layers)  # aux positions stored in bfloat16
         try:
-            check_storage(self.storage_dtype, self.last_dtype == "fp8")
+            check_storage(self.storage_dtype, self.last_dtype == "fp8", bf16_layers, self.aux_layers)
         except BadInputError as err:  # e.g. an fp8 capture read by a torch without float8
             raise BadInputError(
                 field_name, f"{self.folder} ({err.got!r} capture)", err.expected, err.hint
@@ -90,6 +98,8 @@ class CaptureFolder:
         expected = {"storage_dtype": self.storage_dtype, "hidden_size": str(self.hidden_size)}
         if self.storage_dtype == "fp8":
             expected["last_hidden_dtype"] = self.last_dtype
+        if self.kept:
+            expected["fp8_bf16_aux"] = json.dumps(list(self.kept))
         for key in SHARD_KEYS:
             want = expected.get(key, first.get(key))
             if meta.get(key) != want:
@@ -139,7 +149,9 @@ class CaptureFolder:
         shard, start, end, index, row_id = self._rows[k]
         handle = self._handle(shard)
         row = {name: handle.get_slice(name)[start:end] for name in ("input_ids", "loss_mask")}
-        row["aux_hidden"] = decode(handle, "aux_hidden", start, end, self.storage_dtype, self.dtype)
+        row["aux_hidden"] = decode(
+            handle, "aux_hidden", start, end, self.storage_dtype, self.dtype, self.kept
+        )
         row["last_hidden"] = decode(handle, "last_hidden", start, end, self.last_dtype, self.dtype)
         row.update(row_index=index, id=row_id, split=self.split_of(index))
         return row

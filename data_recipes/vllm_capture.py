@@ -103,25 +103,29 @@ def run_from_args(args) -> None:
     require_whole(args.data, "--data", cap.DATA_STEPS)
     layers = cap.parse_aux_layers(args.aux_layers)
     fp8_last = getattr(args, "fp8_last_hidden", False)
-    cap._check_options(args.storage_dtype, args.split, args.shard_tokens, fp8_last)
+    bf16_layers = cap.parse_bf16_layers(getattr(args, "fp8_bf16_layers", None))
+    cap._check_options(args.storage_dtype, args.split, args.shard_tokens, fp8_last, bf16_layers, layers)
+    fp8 = (fp8_last, bf16_layers)
     python = find_python(getattr(args, "vllm_python", None))  # exit 2 before anything loads
     view = TargetView.load(args.target, dtype=vllm_dtype(args.dtype))
     check_tensor_parallel(view.config, args.tensor_parallel_size)
     layers = cap.resolve_aux_layers(layers, view.num_layers)
     ids, _, _ = vllm_layer_ids(list(layers), view.num_layers)
     if cap.capture_done(view, args.data, args.out, layers, args.storage_dtype, args.split, args.shard_tokens,
-                        fp8_last) is None:  # fmt: skip
+                        fp8_last, bf16_layers) is None:  # fmt: skip
         with DataWorker(python, view, "capture", args.max_num_seqs, args.tensor_parallel_size, ids) as worker:
             record = _capture(
-                cap, view, args, layers, fp8_last, VllmRows(worker, view, layers, 2 * args.max_num_seqs)
+                cap, view, args, layers, fp8, VllmRows(worker, view, layers, 2 * args.max_num_seqs)
             )
     else:
-        record = _capture(cap, view, args, layers, fp8_last, None)  # a no-op: no engine started
+        record = _capture(cap, view, args, layers, fp8, None)  # a no-op: no engine started
     for line in cap.summary_lines(record):
         log.info(line)
 
 
-def _capture(cap, view, args, layers, fp8_last, rows) -> dict:
+def _capture(cap, view, args, layers, fp8, rows) -> dict:
+    """fp8 = (fp8_last_hidden, fp8_bf16_layers)."""
     return cap.capture(view, args.data, args.out, aux_layers=layers, storage_dtype=args.storage_dtype,
                        split=args.split, shard_tokens=args.shard_tokens, num_shards=args.num_shards,
-                       shard_index=args.shard_index, fp8_last_hidden=fp8_last, row_tensors=rows)  # fmt: skip
+                       shard_index=args.shard_index, fp8_last_hidden=fp8[0], row_tensors=rows,
+                       fp8_bf16_layers=fp8[1])  # fmt: skip

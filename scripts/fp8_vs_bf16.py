@@ -5,16 +5,19 @@ validation accuracy per TTT step (issue 22's goal: at most 1% relative drop with
     python scripts/fp8_vs_bf16.py --out runs/fp8-small --small                  # a pipeline check (minutes)
     python scripts/fp8_vs_bf16.py --out runs/x --fp8-all train.max_steps=900    # + all-fp8; any overrides
     python scripts/fp8_vs_bf16.py --out runs/x --seeds 0,1                      # the seed-to-seed control
+    python scripts/fp8_vs_bf16.py --out runs/x --seeds 0,1 --bf16-layers 1      # + fp8 with layer 1 bf16
 
 Both runs share one data folder (OUT/data: prepare and vocab made once, one capture per storage), the same
 seed, sample order and head init, so the captures' storage is the only difference. `--fp8-all` adds a
-third run with the last hidden state (the target's logits) in fp8 too. Prints one row per TTT step and
-the captures' bytes per token; writes OUT/fp8_vs_bf16.json.
+third run with the last hidden state (the target's logits) in fp8 too, `--bf16-layers L` one with aux layer
+L kept in bfloat16 (`data.fp8_bf16_layers`). Prints one row per TTT step and the captures' bytes per
+token; writes OUT/fp8_vs_bf16.json. Finished runs are not trained again: rerun with more storages or
+seeds and only the new runs train (a finished run is scored again, deterministically).
 
 `--seeds 0,1` trains every storage once per seed (train.seed: head init and sample order; runs of seed s > 0
 are named NAME-seedS) and adds the control a 1% goal needs: per TTT step, fp8's gap to bf16 at each seed
-next to the gap between two bf16 runs that differ only by seed. A storage effect smaller than the
-seed-to-seed spread cannot be told from noise at this many steps and rows.
+next to the gap between two bf16 runs that differ only by seed (for every storage other than bf16). A
+storage effect smaller than the seed-to-seed spread cannot be told from noise at this many steps and rows.
 """
 
 from __future__ import annotations
@@ -74,24 +77,32 @@ def relative(a: float, b: float) -> float:
     return (a - b) / max(b, 1e-9)
 
 
-def seed_control(results: dict[str, dict], seeds: list[int]) -> dict:
-    """Per TTT step: fp8's relative gap to bf16 at each seed and their mean, and bf16 seed s vs seed 0."""
+def seed_control(results: dict[str, dict], seeds: list[int], storage: str = "fp8") -> dict:
+    """Per TTT step: `storage`'s relative gap to bf16 at each seed and their mean, and bf16 seed s vs
+    seed 0."""
     name = lambda storage, seed: storage if seed == seeds[0] else f"{storage}-seed{seed}"  # noqa: E731
     acc = lambda storage, seed: results[name(storage, seed)]["accuracy_per_step"]  # noqa: E731
     steps = range(len(acc("bf16", seeds[0])))
-    fp8_gap = {s: [relative(acc("fp8", s)[k], acc("bf16", s)[k]) for k in steps] for s in seeds}
+    gap = {s: [relative(acc(storage, s)[k], acc("bf16", s)[k]) for k in steps] for s in seeds}
     seed_gap = {s: [relative(acc("bf16", s)[k], acc("bf16", seeds[0])[k]) for k in steps] for s in seeds[1:]}
-    mean_fp8 = [sum(fp8_gap[s][k] for s in seeds) / len(seeds) for k in steps]
-    return {"fp8_vs_bf16_per_seed": fp8_gap, "fp8_vs_bf16_mean": mean_fp8, "bf16_seed_vs_seed": seed_gap}
+    mean = [sum(gap[s][k] for s in seeds) / len(seeds) for k in steps]
+    return {
+        "storage": storage,
+        f"{storage}_vs_bf16_per_seed": gap,
+        f"{storage}_vs_bf16_mean": mean,
+        "bf16_seed_vs_seed": seed_gap,
+    }
 
 
 def control_lines(control: dict) -> list[str]:
-    seeds = list(control["fp8_vs_bf16_per_seed"])
-    head = " | ".join(f"fp8 gap s{s}" for s in seeds) + " | fp8 gap mean | "
+    storage = control["storage"]
+    per_seed, means = control[f"{storage}_vs_bf16_per_seed"], control[f"{storage}_vs_bf16_mean"]
+    seeds = list(per_seed)
+    head = " | ".join(f"{storage} gap s{s}" for s in seeds) + f" | {storage} gap mean | "
     head += " | ".join(f"bf16 s{s} vs s{seeds[0]}" for s in control["bf16_seed_vs_seed"])
     lines = ["TTT step | " + head]
-    for k, mean in enumerate(control["fp8_vs_bf16_mean"]):
-        cells = [f"{control['fp8_vs_bf16_per_seed'][s][k]:+.2%}" for s in seeds] + [f"{mean:+.2%}"]
+    for k, mean in enumerate(means):
+        cells = [f"{per_seed[s][k]:+.2%}" for s in seeds] + [f"{mean:+.2%}"]
         cells += [f"{gap[k]:+.2%}" for gap in control["bf16_seed_vs_seed"].values()]
         lines.append(f"{k:8d} | " + " | ".join(cells))
     return lines
@@ -106,10 +117,18 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="a pipeline check of a few minutes")
     parser.add_argument("--fp8-all", action="store_true", help="also a run with the last hidden in fp8")
     parser.add_argument("--seeds", default="0", help="train.seed values, e.g. 0,1 for the seed control")
+    parser.add_argument(
+        "--bf16-layers", default=None, help="also fp8 with these aux layer ids kept in bfloat16, e.g. 1"
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for every run (key=value)")
     args = parser.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     storages = {**RUNS, **({"fp8-all": FP8_ALL} if args.fp8_all else {})}
+    if args.bf16_layers:
+        storages[f"fp8-bf16-{args.bf16_layers.replace(',', '-')}"] = [
+            "data.storage_dtype=fp8",
+            f"data.fp8_bf16_layers=[{args.bf16_layers}]",
+        ]
     runs = {  # bf16 at every seed first: the seed-to-seed spread is known before the fp8 runs end
         (name if seed == seeds[0] else f"{name}-seed{seed}"): [*storage, f"train.seed={seed}"]
         for name, storage in storages.items()
@@ -135,8 +154,9 @@ def main() -> None:
         "capture_bytes_per_token": capture_bytes_per_token(args.out / "data"),
     }
     if len(seeds) > 1:
-        report["seed_control"] = seed_control(results, seeds)
-        lines += ["", *control_lines(report["seed_control"])]
+        report["seed_control"] = {s: seed_control(results, seeds, s) for s in storages if s != "bf16"}
+        for control in report["seed_control"].values():
+            lines += ["", *control_lines(control)]
     (args.out / "fp8_vs_bf16.json").write_text(json.dumps(report, indent=1) + "\n")
     print(f"validation accuracy per TTT step at step {report['step']} ({report['rows']} rows)")
     print("\n".join(lines))

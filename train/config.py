@@ -67,6 +67,7 @@ class DataConfig:
     # offline capture storage (data capture --storage-dtype); fp8: aux states e4m3 with per-token scales
     storage_dtype: Literal["bfloat16", "float16", "float32", "fp8"] = "bfloat16"
     fp8_last_hidden: bool = False  # with fp8: the last hidden state in fp8 too (else bfloat16)
+    fp8_bf16_layers: list[int] = field(default_factory=list)  # with fp8: aux layer ids kept in bfloat16
     dir: str | None = None  # where data steps write; None = ~/.cache/draftsmith/data/<inputs hash>
 
 
@@ -157,7 +158,7 @@ class TrainConfig:
         from draftsmith.data_recipes.capture_storage import check_storage
 
         try:
-            check_storage(self.data.storage_dtype, self.data.fp8_last_hidden)
+            check_storage(self.data.storage_dtype, self.data.fp8_last_hidden, self.data.fp8_bf16_layers)
         except BadInputError as err:  # `--storage-dtype` -> `data.storage_dtype`
             field_name = "data." + err.field.removeprefix("--").replace("-", "_")
             raise BadInputError(field_name, err.got, err.expected, err.hint) from None

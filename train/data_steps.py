@@ -38,6 +38,7 @@ CONFIG_KEYS = {
     "--seed": "data.seed",
     "--storage-dtype": "data.storage_dtype",
     "--fp8-last-hidden": "data.fp8_last_hidden",
+    "--fp8-bf16-layers": "data.fp8_bf16_layers",
     "--out": "data.dir",
     "--data": "data.dir",
 }
@@ -115,7 +116,14 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
 
     def done() -> dict | None:  # the finished capture of this config (all parts), else None
         return capture_done(
-            target, prepared, captured, aux_layers, d.storage_dtype, "all", fp8_last_hidden=d.fp8_last_hidden
+            target,
+            prepared,
+            captured,
+            aux_layers,
+            d.storage_dtype,
+            "all",
+            fp8_last_hidden=d.fp8_last_hidden,
+            fp8_bf16_layers=d.fp8_bf16_layers,
         )
 
     with rank0_first(acc, cfg, "the data steps", commands):
@@ -148,6 +156,7 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
                     aux_layers=aux_layers,
                     storage_dtype=d.storage_dtype,
                     fp8_last_hidden=d.fp8_last_hidden,
+                    fp8_bf16_layers=d.fp8_bf16_layers,
                     split="all",
                     progress=progress,
                     num_shards=parts,  # one part per rank or TP group (one process: the whole, no parts)
@@ -203,8 +212,10 @@ def capture_dir(root: Path, aux_layers, storage_dtype: str) -> Path:
 
 
 def storage_label(d) -> str:
-    """The capture folder's storage part: the dtype, `fp8-all` when the last hidden state is fp8 too."""
-    return "fp8-all" if d.storage_dtype == "fp8" and d.fp8_last_hidden else d.storage_dtype
+    """The capture folder's storage part: the dtype, `fp8-all` when the last hidden state is fp8 too,
+    `fp8-bf16-L` for the aux layers L kept in bfloat16."""
+    label = "fp8-all" if d.storage_dtype == "fp8" and d.fp8_last_hidden else d.storage_dtype
+    return label + ("-bf16-" + "-".join(map(str, d.fp8_bf16_layers)) if d.fp8_bf16_layers else "")
 
 
 def data_commands(cfg, target, aux_layers, world: int = 1) -> list[str]:
@@ -222,6 +233,7 @@ def data_commands(cfg, target, aux_layers, world: int = 1) -> list[str]:
         cap += ["--out", str(capture_dir(root, aux_layers, storage_label(d))), "--split", "all"]
         cap += ["--aux-layers", ",".join(map(str, aux_layers)), "--storage-dtype", d.storage_dtype]
         cap += ["--fp8-last-hidden"] if d.fp8_last_hidden else []
+        cap += ["--fp8-bf16-layers", ",".join(map(str, d.fp8_bf16_layers))] if d.fp8_bf16_layers else []
         shards = [["--num-shards", str(world), "--shard-index", str(k)] for k in range(world)]
         steps += [cap + s for s in shards] if world > 1 else [cap]
     return [shlex.join(["draftsmith", "data", *step]) for step in steps]

@@ -114,6 +114,13 @@ def add_data(sub) -> None:
         action="store_true",
         help="with --storage-dtype fp8: store the last hidden state (the target's logits) in fp8 too",
     )
+    cap.add_argument(
+        "--fp8-bf16-layers",
+        default=None,
+        metavar="IDS",
+        help="with --storage-dtype fp8: aux layer ids (of --aux-layers) kept in bfloat16, e.g. 1: the "
+        "shallowest aux layer loses the most to fp8 (+0.6x its bytes, BENCHMARKS.md)",
+    )
     cap.add_argument("--split", default="train", help="train, validation or all")
     cap.add_argument("--shard-tokens", type=int_arg("--shard-tokens"), default=65536, help="tokens per shard")
     add_shard_args(cap, "rows (about equal tokens)")

@@ -1,7 +1,8 @@
 """`data capture --storage-dtype fp8`: shards of e4m3fn values plus per-token scales, read back within
-e4m3's bound (data_recipes/fp8.py); bytes per token and the disk estimate from the same function; bad
-input (no float8 in torch, --fp8-last-hidden alone, mixed dtypes or targets in one folder); streamed
-reads (bounded open shards, worker processes open their own).
+e4m3's bound (data_recipes/fp8.py), with --fp8-bf16-layers' kept layers exact in bfloat16; bytes per token
+and the disk estimate from the same function; bad input (no float8 in torch, --fp8-last-hidden or
+--fp8-bf16-layers alone or naming no aux layer, mixed dtypes or targets in one folder); streamed reads
+(bounded open shards, worker processes open their own).
 
     python -m pytest tests/data_recipes/test_fp8_capture.py -q
 """
@@ -52,13 +53,24 @@ def prepared(tiny_target, tmp_path_factory):
 def captures(tiny_target, prepared, tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8-caps")
     runs = {
-        "f32": ("float32", False),
-        "bf16": ("bfloat16", False),
-        "fp8": ("fp8", False),
-        "fp8-all": ("fp8", True),
+        "f32": ("float32", False, []),
+        "bf16": ("bfloat16", False, []),
+        "fp8": ("fp8", False, []),
+        "fp8-all": ("fp8", True, []),
+        "fp8-bf16-1": ("fp8", False, [1]),  # the middle position: the read must put it back in place
+        "fp8-bf16-2-0": ("fp8", False, [2, 0]),
     }
-    for name, (dtype, last) in runs.items():
-        capture(tiny_target, prepared, root / name, storage_dtype=dtype, fp8_last_hidden=last, **OPTIONS)
+    for name, (dtype, last, kept) in runs.items():
+        out = root / name
+        capture(
+            tiny_target,
+            prepared,
+            out,
+            storage_dtype=dtype,
+            fp8_last_hidden=last,
+            fp8_bf16_layers=kept,
+            **OPTIONS,
+        )
     return root
 
 
@@ -67,6 +79,10 @@ def logs(caplog, monkeypatch):
     monkeypatch.setattr(logging.getLogger("draftsmith"), "propagate", True)  # the CLI turns it off
     caplog.set_level(logging.INFO, logger="draftsmith")
     return caplog
+
+
+def capture_argv(tiny_dir, prepared, out) -> list[str]:
+    return ["data", "capture", "--target", str(tiny_dir), "--data", str(prepared), "--out", str(out)]
 
 
 def e4m3_bound(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -132,12 +148,16 @@ def test_bytes_per_token_follow_the_documented_formula():
             assert Storage.of("float32", a, hidden).bytes_per_token() == (a + 1) * hidden * 4 + 5
             assert Storage.of("fp8", a, hidden).bytes_per_token() == a * hidden + 4 * a + 2 * hidden + 5
             assert Storage.of("fp8", a, hidden, True).bytes_per_token() == a * hidden + 4 * a + hidden + 4 + 5
+            kept = Storage.of("fp8", a, hidden, kept=(0,)).bytes_per_token()
+            assert kept == (a - 1) * hidden + 4 * (a - 1) + 2 * hidden + 2 * hidden + 5
     table = disk_table(conversations=1000, tokens_each=2048)
+    assert len({row["storage"] for row in table}) == 4
     for row in table:
         dtype, last = (
             ("bfloat16", False) if row["storage"] == "bfloat16" else ("fp8", row["storage"] == "fp8 (all)")
         )
-        per_token = Storage.of(dtype, 3, row["hidden"], last).bytes_per_token()
+        kept = (0,) if "but the first" in row["storage"] else ()
+        per_token = Storage.of(dtype, 3, row["hidden"], last, kept).bytes_per_token()
         assert row["bytes_per_token"] == per_token
         assert row["bytes"] == 1000 * 2048 * per_token + 16 * 1000
 
@@ -175,16 +195,7 @@ def test_fp8_on_a_torch_without_float8_is_refused(
     with pytest.raises(BadInputError) as err:
         capture(tiny_target, prepared, tmp_path / "c", storage_dtype="fp8", **OPTIONS)
     assert err.value.field == "--storage-dtype" and "float8_e4m3fn" in str(err.value)
-    argv = [
-        "data",
-        "capture",
-        "--target",
-        str(tiny_dir),
-        "--data",
-        str(prepared),
-        "--out",
-        str(tmp_path / "c"),
-    ]
+    argv = capture_argv(tiny_dir, prepared, tmp_path / "c")
     assert main([*argv, "--aux-layers", "0,1,2", "--storage-dtype", "fp8"]) == 2
     assert "--storage-dtype: got 'fp8'" in capsys.readouterr().err
     with pytest.raises(BadInputError) as err:
@@ -202,16 +213,7 @@ def test_fp8_last_hidden_needs_fp8(tiny_target, tiny_dir, prepared, tmp_path, ca
             tiny_target, prepared, tmp_path / "c", storage_dtype="bfloat16", fp8_last_hidden=True, **OPTIONS
         )
     assert err.value.field == "--fp8-last-hidden"
-    argv = [
-        "data",
-        "capture",
-        "--target",
-        str(tiny_dir),
-        "--data",
-        str(prepared),
-        "--out",
-        str(tmp_path / "c"),
-    ]
+    argv = capture_argv(tiny_dir, prepared, tmp_path / "c")
     assert main([*argv, "--aux-layers", "0,1,2", "--fp8-last-hidden"]) == 2
     assert "--fp8-last-hidden" in capsys.readouterr().err
 
@@ -261,3 +263,61 @@ def test_streamed_reads_hold_few_shards_open_and_workers_open_their_own(captures
     loader = DataLoader(folder, batch_size=None, num_workers=2, collate_fn=first_items)  # forked workers
     for a, b in zip(loader, reference, strict=True):
         assert torch.equal(a["aux_hidden"], b["aux_hidden"]) and a["id"] == b["id"]
+
+
+@pytest.mark.parametrize(("name", "kept"), [("fp8-bf16-1", [1]), ("fp8-bf16-2-0", [0, 2])])
+def test_kept_aux_layers_read_back_exactly_in_bfloat16_and_the_rest_within_the_fp8_bound(
+    captures, name, kept
+):
+    ref, folder = list(CaptureFolder(captures / "f32")), CaptureFolder(captures / name)
+    rest = [i for i in range(3) if i not in kept]
+    assert folder.kept == tuple(kept)
+    with safe_open(str(folder._paths[0]), framework="pt") as f:
+        assert f.get_slice("aux_hidden").get_dtype() == "F8_E4M3"
+        assert f.get_slice("aux_hidden_bf16").get_dtype() == "BF16"
+        assert f.get_tensor("aux_hidden_scale").shape[1] == len(rest)
+    for row, want in zip(folder, ref, strict=True):
+        got = row["aux_hidden"].reshape(len(row["input_ids"]), 3, -1)  # [T, A, H]
+        exp = want["aux_hidden"].reshape(got.shape)
+        assert torch.equal(got[:, kept], exp[:, kept].to(torch.bfloat16).float())  # bfloat16, in place
+        fp8_part, fp8_want = got[:, rest].flatten(1), exp[:, rest].flatten(1)
+        assert ((fp8_part - fp8_want).abs() <= e4m3_bound(fp8_want, len(rest))).all()
+        assert not torch.equal(fp8_part, fp8_want.to(torch.bfloat16).float())  # fp8 really is in the path
+    o = folder.record["outputs"]
+    estimate = capture_bytes(o["rows"], o["tokens"], Storage.of("fp8", 3, folder.hidden_size, kept=kept))
+    assert 1.0 < o["bytes"] / estimate < 1.3
+    assert folder.record["inputs"]["fp8_bf16_layers"] == kept  # aux-layer order, whatever order was asked
+
+
+def test_kept_layers_change_the_capture_and_bad_ids_are_refused(
+    tiny_target, tiny_dir, prepared, captures, tmp_path, capsys
+):
+    from draftsmith.train.config import load_train_config
+    from draftsmith.train.data_steps import storage_label
+
+    folder, same = captures / "fp8-bf16-1", {"shard_tokens": OPTIONS["shard_tokens"]}
+    assert (
+        cap.capture_done(tiny_target, prepared, folder, AUX, "fp8", fp8_bf16_layers=[1], **same) is not None
+    )
+    assert cap.capture_done(tiny_target, prepared, folder, AUX, "fp8", **same) is None  # another capture
+    bad = [("bfloat16", [1], "--storage-dtype fp8"), ("fp8", [5], "among the aux layers"),
+           ("fp8", [0, 1, 2], "fewer ids"), ("fp8", [1, 1], "distinct")]  # fmt: skip
+    for dtype, kept, expected in bad:
+        with pytest.raises(BadInputError) as err:
+            capture(
+                tiny_target, prepared, tmp_path / "c", storage_dtype=dtype, fp8_bf16_layers=kept, **OPTIONS
+            )
+        assert err.value.field == "--fp8-bf16-layers" and expected in str(err.value)
+    argv = capture_argv(tiny_dir, prepared, tmp_path / "c")
+    argv += ["--aux-layers", "0,1,2", "--storage-dtype", "fp8"]
+    assert main([*argv, "--fp8-bf16-layers", "1,x"]) == 2
+    assert main([*argv, "--fp8-bf16-layers", "7"]) == 2
+    assert "--fp8-bf16-layers: got [7]" in capsys.readouterr().err
+    assert not (tmp_path / "c" / RECORD_FILE).exists()
+    with pytest.raises(BadInputError) as err:
+        load_train_config(None, [f"output_dir={tmp_path / 'run'}", "data.fp8_bf16_layers=[1]"])
+    assert err.value.field == "data.fp8_bf16_layers"
+    cfg = load_train_config(
+        None, [f"output_dir={tmp_path / 'run'}", "data.storage_dtype=fp8", "data.fp8_bf16_layers=[1]"]
+    )
+    assert storage_label(cfg.data) == "fp8-bf16-1"

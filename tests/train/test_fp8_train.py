@@ -69,3 +69,18 @@ def test_rows_come_out_in_the_training_dtype(tiny_dir, source, data_dir, tmp_pat
         assert row["aux_hidden"].dtype == row["last_hidden"].dtype == dtype
     stored = TrainRows(paths, "train")[0]  # no dtype: fp8 dequantized to float32, bfloat16 last as stored
     assert stored["aux_hidden"].dtype == torch.float32 and stored["last_hidden"].dtype == torch.bfloat16
+
+
+def test_fp8_with_an_aux_layer_kept_in_bfloat16_trains_from_its_own_capture(
+    tiny_dir, source, data_dir, tmp_path
+):
+    kept = (*FP8, "data.fp8_bf16_layers=[1]", "train.max_steps=4")
+    train(config(tiny_dir, source, data_dir, tmp_path / "kept", *kept))
+    train(config(tiny_dir, source, data_dir, tmp_path / "fp8", *FP8, "train.max_steps=4"))
+    assert (data_dir / "capture-0-1-2-fp8-bf16-1").is_dir()  # its own folder: not the all-fp8 capture
+    capture = data_dir / "capture-0-1-2-fp8-bf16-1"
+    row = TrainRows(DataPaths(data_dir / "prepared", data_dir / "vocab-64", capture, ""), "train")[0]
+    assert row["aux_hidden"].dtype == torch.float32  # the whole [T, A*H], in aux-layer order
+    kept_losses, fp8_losses = losses_and_head(tmp_path / "kept")[0], losses_and_head(tmp_path / "fp8")[0]
+    assert kept_losses != fp8_losses  # other inputs, so another run
+    assert max(abs(a - b) / b for a, b in zip(kept_losses, fp8_losses, strict=True)) < 0.05

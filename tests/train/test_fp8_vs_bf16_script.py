@@ -38,3 +38,18 @@ def test_seed_control_needs_every_run():
     script = load_script()
     with pytest.raises(KeyError, match="fp8-seed1"):
         script.seed_control({"bf16": run([0.4]), "fp8": run([0.4]), "bf16-seed1": run([0.4])}, [0, 1])
+
+
+def test_seed_control_of_another_storage_names_it():
+    script = load_script()
+    results = {
+        "bf16": run([0.40]),
+        "fp8-bf16-1": run([0.42]),  # +5%
+        "bf16-seed1": run([0.50]),
+        "fp8-bf16-1-seed1": run([0.45]),  # -10%
+    }
+    control = script.seed_control(results, [0, 1], "fp8-bf16-1")
+    assert control["fp8-bf16-1_vs_bf16_mean"] == pytest.approx([-0.025])
+    lines = script.control_lines(control)
+    assert lines[0].startswith("TTT step | fp8-bf16-1 gap s0 | fp8-bf16-1 gap s1 | fp8-bf16-1 gap mean")
+    assert lines[1].split(" | ")[1:] == ["+5.00%", "-10.00%", "-2.50%", "+25.00%"]
