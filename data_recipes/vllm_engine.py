@@ -11,7 +11,7 @@ weights.
 
 draftsmith's venv has no vLLM: the worker runs in another Python (--vllm-python, $DRAFTSMITH_VLLM_PYTHON,
 or ./.venv-vllm/bin/python, which `bash scripts/vllm_env.sh` builds). The worker runs in a scratch
-folder (a checkout's top-level `kernels/` would shadow the `kernels` package vLLM looks for) in its own
+folder (a folder of the cwd named like a package shadows it, as this checkout's old `kernels/` did) in its own
 process session, so closing it ends vLLM's engine processes too. Its stderr (vLLM's log) goes to a file,
 kept and quoted when it fails. This module imports no vLLM and loads no weights: the CLI process keeps
 the tokenizer, builds every prompt and writes the output folder itself.

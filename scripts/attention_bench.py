@@ -1,6 +1,6 @@
 """One layer's tree-verification attention, timed three ways side by side: SDPA with draftsmith's boolean
 mask (the runtime's default, = kernels.tree_attention_ref), the Triton kernel (kernels.tree_attention, on
-CUDA) and FlexAttention (kernels/flex.py), with its block mask built in the call (the per-cycle cost: the
+CUDA) and FlexAttention (gpu_kernels/flex.py), with its block mask built in the call (the per-cycle cost: the
 tree changes every cycle) and prebuilt. Issue 9: FlexAttention replaces the kernel only if measured faster.
 
     python scripts/attention_bench.py --out runs/gpu-check/attention.json          # on a GPU (gpu_check.sh)

@@ -15,8 +15,8 @@ phase() {
 }
 
 export VLLM_CPU_KVCACHE_SPACE=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-# vLLM inspects model classes in `python -m` subprocesses whose sys.path starts with the cwd, where this
-# repository's kernels/ folder would shadow Hugging Face's `kernels` package (transformers imports it).
+# vLLM inspects model classes in `python -m` subprocesses whose sys.path starts with the cwd, where a folder
+# named like a package shadows it (this repository's old kernels/ hid Hugging Face's `kernels`).
 # check_vllm.py imports only the standard library and vLLM, so nothing needs the cwd on sys.path.
 export PYTHONSAFEPATH=1
 

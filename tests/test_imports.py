@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["accelerate", "deepspeed", "datasets", "wandb"]
-PACKAGES = {"runtime": "draftsmith.runtime", "train": "draftsmith.train", "kernels": "draftsmith.kernels",
+PACKAGES = {"runtime": "draftsmith.runtime", "train": "draftsmith.train", "gpu_kernels": "draftsmith.kernels",
             "data_recipes": "draftsmith.data_recipes", "configs": "draftsmith.configs"}  # fmt: skip
 # The CLI, demo and bench layer of draftsmith.runtime (runtime/__init__.py names it): its sub-packages
 # `cli` and `bench` may import everything. Every other runtime module is the serving core.
@@ -278,3 +278,27 @@ def test_packages_live_under_one_import_root():
     for mod in (draftsmith.runtime, draftsmith.train, draftsmith.kernels, draftsmith.data_recipes):
         assert mod.__doc__
     assert draftsmith.configs.__name__ == "draftsmith.configs"
+
+
+def shadowing_folders(root: Path = ROOT) -> list[str]:
+    """Root folders that are regular packages named like an installed distribution's top-level module:
+    `python -m X` / `python -c` from the checkout put the root first on sys.path, so such a folder hides
+    the real module (a folder `kernels/` hid Hugging Face's `kernels`, which transformers 5.25 imports)."""
+    from importlib.metadata import packages_distributions
+
+    installed = packages_distributions()
+    return sorted(d.name for d in root.iterdir() if (d / "__init__.py").is_file() and d.name in installed)
+
+
+def test_no_root_folder_shadows_an_installed_module(tmp_path):
+    assert shadowing_folders() == []
+    (tmp_path / "yaml").mkdir()  # the control: a package folder named like PyYAML's module is found
+    (tmp_path / "yaml" / "__init__.py").write_text("")
+    assert shadowing_folders(tmp_path) == ["yaml"]
+
+
+def test_transformers_imports_from_the_checkout_root():
+    """What `python -m draftsmith...` and `python -m pytest` do from the repository root."""
+    code = "import transformers.models.llama.modeling_llama"
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]

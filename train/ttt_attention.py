@@ -15,7 +15,7 @@ So the score matrix is a causal [T, T] block plus k diagonals, and the attention
 
 The causal part runs a fused kernel with no mask tensor (`causal_attention_lse`): on CPU PyTorch's flash
 kernel (what SDPA with is_causal=True runs), on CUDA FlexAttention compiled over a causal block mask
-(kernels/flex.py), elsewhere the explicit scores. Autograd differentiates the merge; the kernels give the
+(gpu_kernels/flex.py), elsewhere the explicit scores. Autograd differentiates the merge; the kernels give the
 gradient of both o_c and l_c. Memory per step is O(T) (no [T, (k+1)T] mask, no concatenated keys), and
 a step costs the causal attention plus k elementwise products, instead of an attention over (k+1)T keys.
 

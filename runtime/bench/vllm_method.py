@@ -42,9 +42,9 @@ WORKER_ENV = {  # defaults only: the caller's environment wins
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "VLLM_LOGGING_STREAM": "ext://sys.stderr",
-    # vLLM inspects a model class in `python -m vllm...` subprocesses, whose sys.path starts with the cwd: run
-    # from this repository, its `kernels/` folder shadows Hugging Face's `kernels` package that transformers
-    # imports there (seen with MedusaModel). The worker imports only the standard library and vLLM.
+    # vLLM inspects a model class in `python -m vllm...` subprocesses, whose sys.path starts with the cwd: a
+    # folder there named like a package shadows it (this repository's old `kernels/` hid Hugging Face's
+    # `kernels`, seen with MedusaModel). The worker imports only the standard library and vLLM.
     "PYTHONSAFEPATH": "1",
 }
 

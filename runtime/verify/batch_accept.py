@@ -3,8 +3,8 @@ references elsewhere), with one host synchronization per cycle.
 
     verdicts = accept_batch(drafts, logits, params, generators)     # logits [B, N, V] after every node
 
-The rule is runtime/verify/acceptance.py's, batched (kernels/reference.py states it and tests it against the
-per-row walk with the same uniforms): greedy at temperature 0; SpecInfer's multi-step rejection sampling
+The rule is runtime/verify/acceptance.py's, batched (gpu_kernels/reference.py states it and tests it against
+the per-row walk with the same uniforms): greedy at temperature 0; SpecInfer's multi-step rejection sampling
 at temperature > 0, exact for any tree given the law q each drafted token was drawn from (None = point
 masses, as n-gram children are). Chains of one shape take the chain kernels, other trees the tree ones;
 both consume the same uniforms and agree except, through float rounding, exactly at a decision boundary.

@@ -242,7 +242,7 @@ def test_vllm_reads_both_layouts_as_a_bidirectional_dflash_drafter(folder, tiny_
         main(["export", str(folder), "--format", "dflash", "--out", str(zlab), "--target", str(tiny_dir)])
         == 0
     )
-    command = [str(python), "-c", VLLM_READS, str(spec), str(zlab)]  # cwd: not the repo (its kernels/)
+    command = [str(python), "-c", VLLM_READS, str(spec), str(zlab)]  # cwd: not the repo
     run = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     got, control = (json.loads(line) for line in run.stdout.strip().splitlines()[-2:])

@@ -1,6 +1,6 @@
-"""Triton kernels for the speculative runtime; each equals its `*_ref` in kernels/reference.py.
+"""Triton kernels for the speculative runtime; each equals its `*_ref` in gpu_kernels/reference.py.
 
-Imported only when Triton is used (kernels/__init__.py decides): on CUDA, or anywhere under Triton's
+Imported only when Triton is used (gpu_kernels/__init__.py decides): on CUDA, or anywhere under Triton's
 interpreter (`TRITON_INTERPRET=1`, which must be set before this module is imported; the CPU tests do).
 
     kv_compact(cache_layer, start, keep)         one program per (row, kv head): gather, barrier, store
@@ -345,7 +345,7 @@ def _tree_attention_kernel(
 def attention_blocks(nodes: int, dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BT nodes, BS cache slots, BD head dims) per program. float32 tiles take twice the shared memory:
     at head dim 128, BT = BS = 64 in float32 needs 180 KB with Triton's pipelining, over an A100's 163 KB
-    per block (kernels/compile_check.py measures it), so float32 halves the cache block (104 KB)."""
+    per block (gpu_kernels/compile_check.py measures it), so float32 halves the cache block (104 KB)."""
     bt = max(16, triton.next_power_of_2(min(nodes, 64)))
     bs = 64 if dtype in (torch.bfloat16, torch.float16) else 32
     return bt, bs, max(16, triton.next_power_of_2(dim))

@@ -202,7 +202,7 @@ def tree_attention(
 def tree_attention_flex(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """tree_attention on PyTorch's FlexAttention instead (kernels/flex.py): same inputs, same result."""
+    """tree_attention on PyTorch's FlexAttention instead (gpu_kernels/flex.py): same inputs, same result."""
     from draftsmith.kernels.flex import tree_attention_flex as flex
 
     _check_attention(q, k, v, mask)
