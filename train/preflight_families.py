@@ -44,9 +44,9 @@ import torch
 # "heads" split over all t ranks, "kv" over min(t, num_key_value_heads) ranks, anything else whole.
 HEAD_SPLIT = re.compile(
     r"self_attn\.(q_proj|o_proj|q_b_proj|kv_b_proj)"  # query / output heads (MLA: its up-projections)
-    r"|mlp\.experts\.(gate_up_proj|down_proj)"  # each expert's intermediate width
     r"|mlp\.(shared_experts\.)?(gate_proj|up_proj|down_proj)"  # dense MLPs and DeepSeek's shared experts
 )
+EXPERT_SPLIT = re.compile(r"mlp\.experts\.(gate_up_proj|down_proj)")  # E/t whole experts a rank
 KV_SPLIT = re.compile(r"self_attn\.(k_proj|v_proj)")
 LAYER = re.compile(r"(?:^|\.)layers\.\d+\.(.+)$")
 
@@ -73,13 +73,15 @@ def meta_model(config, name: str, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def tp_share(name: str) -> str:
-    """'heads', 'kv' or 'whole' for a parameter name of the model (see HEAD_SPLIT)."""
+    """'heads', 'experts', 'kv' or 'whole' for a parameter name of the model (see HEAD_SPLIT)."""
     match = LAYER.search(name)
     if match is None:  # embedding, final norm, LM head: whole on every rank (runtime/core/placement.py)
         return "whole"
     inner = match.group(1)
     if HEAD_SPLIT.match(inner):
         return "heads"
+    if EXPERT_SPLIT.match(inner):
+        return "experts"
     return "kv" if KV_SPLIT.match(inner) else "whole"
 
 
@@ -103,7 +105,8 @@ class TargetArch:
     v_head_dim: int
     nope_head_dim: int  # MLA: the per-head key part kv_b_proj expands (0 otherwise)
     cache_width: int  # numbers draftsmith's KV cache holds per token and layer
-    head_split_bytes: int  # parameter bytes split over all TP ranks
+    head_split_bytes: int  # parameter bytes split over all TP ranks (attention heads, dense MLPs)
+    expert_split_bytes: int  # routed experts' bytes: E/t whole experts on each of t ranks (tp and ep)
     kv_split_bytes: int  # parameter bytes split over at most kv_heads ranks
 
     @classmethod
@@ -123,7 +126,7 @@ class TargetArch:
         mla = hasattr(attn, "kv_b_proj")
         heads = text.num_attention_heads
         cached_heads, key, value = cache_dims(text)
-        shares = {"heads": 0, "kv": 0, "whole": 0}
+        shares = {"heads": 0, "experts": 0, "kv": 0, "whole": 0}
         for name, p in model.named_parameters():
             shares[tp_share(name)] += p.numel() * p.element_size()
         if mla:
@@ -148,6 +151,7 @@ class TargetArch:
             nope_head_dim=text.qk_nope_head_dim if mla else 0,
             cache_width=cached_heads * (key + value),
             head_split_bytes=shares["heads"],
+            expert_split_bytes=shares["experts"],
             kv_split_bytes=shares["kv"],
         )
 
@@ -156,14 +160,18 @@ class TargetArch:
         """Ranks the k/v projections and cache split over: at most one KV head each (vLLM replicates)."""
         return min(tp, self.kv_heads)
 
-    def weights_per_rank(self, param_bytes: float, tp: int) -> float:
-        """The target's parameter (+ buffer) bytes on one rank of a `tp`-way group."""
-        whole = param_bytes - self.head_split_bytes - self.kv_split_bytes
-        return whole + self.head_split_bytes / tp + self.kv_split_bytes / self.kv_ranks(tp)
+    def weights_per_rank(self, param_bytes: float, tp: int, dense: bool = True) -> float:
+        """The target's parameter (+ buffer) bytes on one rank of a `tp`-way group; `dense` False: only
+        the experts split (target_placement=ep with attention whole: MLA, or KV heads tp cannot divide)."""
+        whole = param_bytes - self.head_split_bytes - self.kv_split_bytes - self.expert_split_bytes
+        experts = self.expert_split_bytes / tp
+        if not dense:
+            return whole + experts + self.head_split_bytes + self.kv_split_bytes
+        return whole + experts + self.head_split_bytes / tp + self.kv_split_bytes / self.kv_ranks(tp)
 
-    def kv_cache_bytes(self, b: int, tp: int) -> float:
+    def kv_cache_bytes(self, b: int, tp: int, dense: bool = True) -> float:
         """Bytes per token of draftsmith's KV cache over every layer on one rank (MLA: replicated)."""
-        return self.layers * self.cache_width * b / (1 if self.mla else self.kv_ranks(tp))
+        return self.layers * self.cache_width * b / (1 if self.mla or not dense else self.kv_ranks(tp))
 
     def forward_work(self, mode: str, b: int, hidden: int, tp: int) -> float:
         """The largest transient working set per token of one layer under no_grad: a norm's fp32 copies,

@@ -1,22 +1,28 @@
-"""Where the frozen target's weights live in a multi-process job: whole on every rank, or tensor parallel.
+"""Where the frozen target's weights live in a multi-process job: whole on every rank, tensor parallel, or
+expert parallel.
 
     layout = check_placement(config, "tp", tp_size=2, world=4, rank=r, local_world=4)  # exit 2 if it cannot
+    layout = check_placement(config, "ep", None, world=8, ep_size=8)                 # MoE: E/8 experts a rank
     model = load_tensor_parallel(path, config, layout, torch.float32, device)        # this rank's shards
     resident_bytes(model), placement_shard_fraction(config, 2)                      # what each rank holds
 
-`target_placement: tp` splits every decoder layer over the `tp_size` ranks of a tensor-parallel group with
-transformers' own plan for the family (`config.base_model_tp_plan`: q/k/v and gate/up column-wise, o and
-down row-wise, one all-reduce after each), so a rank holds 1/tp of the layers and its KV cache holds
-num_key_value_heads / tp heads. MoE layers (Qwen3-MoE, Mixtral) split every expert the same way: each rank
-keeps all experts at 1/tp of their width, the router whole, one all-reduce after the experts
-(runtime/core/placement_moe.py). The embedding, the final norm and the LM head stay whole on every rank
-(the head reads them every step without a collective; 2 V H values, 4.2 GB for Llama-3.3-70B in bf16).
-The processes form a (dp, tp) mesh, ranks r = dp_rank * tp + tp_rank (consecutive ranks, one node): the
-ranks of one TP group run the target together on the same rows, and the head trains data-parallel over the
-dp = world / tp groups (see `train/trainer.py`: the sample order is the data-parallel one).
+Both split placements form groups of n consecutive ranks (one node) that run the target together on the
+same rows; the head trains data-parallel over the dp = world / n groups (see `train/trainer.py`: the sample
+order is the data-parallel one), ranks r = dp_rank * n + group_rank.
+- `target_placement: tp` (n = `tp_size`) splits every decoder layer with transformers' own plan for the
+  family (`config.base_model_tp_plan`: q/k/v and gate/up column-wise, o and down row-wise, one all-reduce
+  after each), so a rank holds 1/n of the layers and its KV cache num_key_value_heads / n heads; n must
+  divide the heads. MoE experts (Qwen3-MoE, Mixtral) go whole, E/n per rank (runtime/core/placement_moe.py).
+- `target_placement: ep` (n = `ep_size`, MoE families only: Qwen3-MoE, Mixtral, DeepSeek-V3) splits the
+  experts E/n per rank the same way; attention and dense MLPs are tensor parallel over the group where the
+  heads allow it (as `tp`), and whole on every rank otherwise (DeepSeek-V3's MLA caches one latent head
+  that cannot be split; Qwen3-235B-A22B's 4 KV heads do not divide 8 ranks). The experts are most of a
+  MoE target's bytes, so `ep` is how Qwen3-235B-A22B and DeepSeek-V3 fit where `tp` cannot.
+The embedding, the final norm and the LM head stay whole on every rank (the head reads them every step
+without a collective; 2 V H values, 4.2 GB for Llama-3.3-70B in bf16).
 
 Code that runs the target on one rank of a group only (a data step: `data capture` inside the job, the
-standalone `data capture|regenerate --target-placement tp`) drives the others: `with driving(target):
+standalone `data capture|regenerate --target-placement tp|ep`) drives the others: `with driving(target):
 capture(...)` on the group's rank 0 while the others `follow(target)`, replaying each `new_cache` and
 `forward` call and each change of a driven cache outside `forward` (`crop`, `compact`, `keep_prefixes`,
 `retain`), so the collectives inside the layers match and every rank's cache holds the same slots (README,
@@ -35,15 +41,17 @@ import torch
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.core.families import FAMILIES, family_of
 from draftsmith.runtime.core.placement_moe import (
-    MOE_RULES,
-    MOE_STYLES,
+    EP_RULES,
     moe_plan_problems,
+    num_experts,
     split_param,
     split_widths,
 )
+from draftsmith.runtime.core.transformers_range import check_transformers
 
-PLACEMENTS = ("replicate", "tp")
-PLACEMENT_KEY, TP_KEY = "target_placement", "tp_size"
+PLACEMENTS = ("replicate", "tp", "ep")
+PLACEMENT_KEY, TP_KEY, EP_KEY = "target_placement", "tp_size", "ep_size"
+SIZE_KEY = {"tp": TP_KEY, "ep": EP_KEY}  # each split placement's group size
 # The layer rules this loader runs (and the KV cache's local heads assume): the attention projections
 # column-wise into heads, o and down row-wise; q/k norms (Qwen3) are per head and stay whole.
 REQUIRED_RULES = {
@@ -55,21 +63,26 @@ REQUIRED_RULES = {
 # Why the families with Family.tensor_parallel False are refused (check_placement's message).
 UNSPLIT = {
     "deepseek_v3": "DeepSeek-V3's MLA caches one latent head per token that cannot be split over ranks "
-    "(runtime/core/mla.py), and transformers' deepseek_v3 plan leaves its attention whole",
+    "(runtime/core/mla.py), and transformers' deepseek_v3 plan leaves its attention whole; "
+    "target_placement=ep splits its experts and keeps the attention whole",
     "gemma3": "Gemma 3's vision-language checkpoint nests its text model, which this loader does not split",
 }
-# MoE experts (runtime/core/placement_moe.py): packed column-wise gate/up, row-wise down, one all-reduce
-KNOWN_STYLES = {"colwise", "rowwise", "replicated_with_grad_allreduce", *MOE_STYLES}
+KNOWN_STYLES = {"colwise", "rowwise", "replicated_with_grad_allreduce"}
 WHOLE = {"lm_head": "replicate", "model.embed_tokens": "replicate"}  # overrides of transformers' plan
+EXPERTS_RULE = "layers.*.mlp.experts"  # its rules (and its children's) are the EP plan's, never TP's
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Rank r of `world` on a (dp, tp) mesh: tp group r // tp, rank r % tp inside it."""
+    """Rank r of `world` on a (dp, n) mesh: group r // n of the n = `tp` ranks that run the target
+    together, rank r % n inside it. `experts`: MoE experts split E/n a rank (expert parallel over the
+    group); `dense`: attention and dense MLPs split over the group (False: whole on every rank)."""
 
     tp: int = 1
     world: int = 1
     rank: int = 0
+    experts: bool = False
+    dense: bool = True
 
     @property
     def dp(self) -> int:
@@ -83,26 +96,96 @@ class Layout:
     def tp_rank(self) -> int:
         return self.rank % self.tp
 
+    @property
+    def kv_split(self) -> int:
+        """The ranks the KV heads (and the KV cache) split over: the group, or 1 where attention is whole."""
+        return self.tp if self.dense else 1
+
 
 def tp_plan(config) -> dict[str, str]:
-    """transformers' tensor-parallel plan for the decoder (its config's `base_model_tp_plan`; {} if none)."""
-    return dict(getattr(config, "base_model_tp_plan", None) or {})
+    """transformers' tensor-parallel plan for the decoder without the experts' rules (transformers gives
+    the expert-parallel plan precedence on them; 5.24 still lists the deprecated width split there)."""
+    plan = dict(getattr(config, "base_model_tp_plan", None) or {})
+    return {k: v for k, v in plan.items() if not (k == EXPERTS_RULE or k.startswith(EXPERTS_RULE + "."))}
+
+
+def split_plan(config, layout: Layout) -> dict[str, str]:
+    """The rules that split parameters on a rank of `layout`: the dense plan where `dense`, the EP rules
+    where `experts` (runtime/core/placement_moe.py split_param reads it)."""
+    return {**(tp_plan(config) if layout.dense else {}), **(EP_RULES if layout.experts else {})}
 
 
 def check_placement(
-    config, placement: str, tp_size: int | None, world: int, rank: int = 0, local_world: int | None = None
+    config,
+    placement: str,
+    tp_size: int | None,
+    world: int,
+    rank: int = 0,
+    local_world: int | None = None,
+    ep_size: int | None = None,
 ) -> Layout:
     """The layout of this rank, or a BadInputError naming the config key: a family without a plan this
-    loader runs, a TP size that does not divide the heads (or the MLP), a world the mesh cannot form."""
-    if placement == "replicate":
-        if tp_size not in (None, 1):
-            raise BadInputError(
-                TP_KEY, tp_size, f"unset (or 1) with {PLACEMENT_KEY}=replicate, or {PLACEMENT_KEY}=tp"
-            )
-        return Layout(1, world, rank)
+    loader runs, a group size that does not divide the heads (or the MLP, or the experts), a world the
+    mesh cannot form, a size given for the other placement."""
     if placement not in PLACEMENTS:
         raise BadInputError(PLACEMENT_KEY, placement, f"one of {list(PLACEMENTS)}")
+    given = {TP_KEY: tp_size, EP_KEY: ep_size}
+    for key, value in given.items():
+        if key != SIZE_KEY.get(placement) and value not in (None, 1):
+            other = next(p for p, k in SIZE_KEY.items() if k == key)
+            raise BadInputError(
+                key, value, f"unset (or 1) with {PLACEMENT_KEY}={placement}", f"or {PLACEMENT_KEY}={other}"
+            )
+    if placement == "replicate":
+        return Layout(1, world, rank)
+    check_transformers()
+    key = SIZE_KEY[placement]
+    n = world if given[key] is None else given[key]
+    if n < 1:
+        raise BadInputError(key, given[key], "an integer >= 1 (unset: the number of processes)")
     family = family_of(config)
+    if placement == "tp":
+        check_dense_plan(config, family)
+        dense = True
+    else:
+        check_moe_family(config, family)
+        dense = splits_dense(config, "ep", n)
+    layout = Layout(n, world, rank, experts=family.moe, dense=dense)
+    if layout.experts and moe_plan_problems(config):
+        raise BadInputError(
+            PLACEMENT_KEY,
+            f"{placement} for model_type {config.model_type!r}",
+            "replicate for this target",
+            f"its expert-parallel plan ({moe_plan_problems(config)}) is not the split this loader runs "
+            f"({EP_RULES}); or train offline: data.mode=offline reads only the embedding, norm and LM head",
+        )
+    check_group_size(config, layout, key, local_world or world)
+    return layout
+
+
+def check_moe_family(config, family) -> None:
+    """`ep` splits experts: refused (exit 2) for a dense family, naming the families it runs for."""
+    if not family.moe:
+        moe = [f.name for f in FAMILIES if f.moe]
+        raise BadInputError(
+            PLACEMENT_KEY,
+            f"ep for model_type {config.model_type!r}",
+            "tp or replicate for a dense target",
+            f"expert parallelism splits a mixture-of-experts target's experts (the families {moe})",
+        )
+
+
+def dense_plan_problems(config) -> dict:
+    """The REQUIRED_RULES (and unknown styles) where the config's dense plan differs from this loader's."""
+    plan = tp_plan(config)
+    wrong = {k: plan.get(k) for k, style in REQUIRED_RULES.items() if plan.get(k) != style}
+    unknown = sorted({s for s in plan.values() if s not in KNOWN_STYLES})
+    return {**wrong, **({"styles": unknown} if unknown else {})}
+
+
+def check_dense_plan(config, family) -> None:
+    """`tp` splits attention and dense MLPs: refused (exit 2) where this loader is not tested on the
+    family's layers or its plan is not the column/row-wise split."""
     if not family.tensor_parallel:  # runtime/core/families.py: this loader is not tested on its layers
         tested = [f.name for f in FAMILIES if f.tensor_parallel]
         why = f" ({UNSPLIT[family.name]})" if family.name in UNSPLIT else ""
@@ -113,20 +196,12 @@ def check_placement(
             f"tensor parallelism is tested for the families {tested} only{why}; or train offline: "
             "data.mode=offline reads only the embedding, norm and LM head",
         )
-    plan = tp_plan(config)
-    wrong = {k: plan.get(k) for k, style in REQUIRED_RULES.items() if plan.get(k) != style}
-    if family.moe:
-        wrong.update(moe_plan_problems(plan))
-    # a MoE style only on the expert rule it belongs to (packed_colwise elsewhere splits gate/up wrongly)
-    unknown = sorted(
-        {s for k, s in plan.items() if s not in KNOWN_STYLES or (s in MOE_STYLES and MOE_RULES.get(k) != s)}
-    )
-    if wrong or unknown:
+    problems = dense_plan_problems(config)
+    if problems:
         why = (
             "transformers has no tensor-parallel plan for it"
-            if not plan
-            else f"its plan ({'rules ' + str(wrong) if wrong else 'styles ' + str(unknown)}) is not the "
-            f"column/row-wise split this loader runs"
+            if not tp_plan(config)
+            else f"its plan ({problems}) is not the column/row-wise split this loader runs"
         )
         raise BadInputError(
             PLACEMENT_KEY,
@@ -134,57 +209,86 @@ def check_placement(
             "replicate for this target",
             f"{why}; or train offline: data.mode=offline reads only the embedding, norm and LM head",
         )
-    tp = world if tp_size is None else tp_size
-    if tp < 1:
-        raise BadInputError(TP_KEY, tp_size, "an integer >= 1 (unset: the number of processes)")
-    sizes = {
-        "num_attention_heads": config.num_attention_heads,
-        "num_key_value_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-        **split_widths(config),
-    }
-    bad = {k: v for k, v in sizes.items() if v % tp}
+
+
+def split_sizes(config, layout_dense: bool, experts: bool) -> dict[str, int]:
+    """What a group size must divide: the heads and the dense MLP widths where they split, the experts."""
+    sizes = {}
+    if layout_dense:
+        sizes["num_attention_heads"] = config.num_attention_heads
+        sizes["num_key_value_heads"] = (
+            getattr(config, "num_key_value_heads", None) or sizes["num_attention_heads"]
+        )
+        sizes.update(split_widths(config, tp_plan(config)))
+    if experts:
+        sizes["num_experts"] = num_experts(config)
+    return sizes
+
+
+def splits_dense(config, placement: str, n: int) -> bool:
+    """Whether attention and dense MLPs split over a group of `n`: always under `tp` (check_placement
+    refuses what cannot), under `ep` where the family's dense plan runs here and `n` divides the heads."""
+    if placement == "tp":
+        return True
+    family = family_of(config)
+    return family.tensor_parallel and not dense_plan_problems(config) and not undivided(config, n, True)
+
+
+def undivided(config, n: int, dense: bool) -> dict[str, int]:
+    """The dense sizes (heads, MLP widths) that `n` does not divide."""
+    return {k: v for k, v in split_sizes(config, dense, False).items() if v % n}
+
+
+def check_group_size(config, layout: Layout, key: str, local: int) -> None:
+    """Exit 2 naming `key` where the group size does not divide what it splits, or the world per node."""
+    n, world = layout.tp, layout.world
+    sizes = split_sizes(config, layout.dense, layout.experts)
+    bad = {k: v for k, v in sizes.items() if v % n}
     if bad:
         fits = [t for t in range(1, world + 1) if world % t == 0 and not any(v % t for v in sizes.values())]
         raise BadInputError(
-            TP_KEY,
-            tp,
+            key,
+            n,
             f"a size that divides the target's {', '.join(f'{k}={v}' for k, v in bad.items())}",
-            f"sizes that divide the heads, the MLP widths and the {world} process(es): {fits}",
+            f"sizes that divide {', '.join(sizes)} and the {world} process(es): {fits}",
         )
-    local = local_world or world
-    if world % tp or local % tp:
-        where = f"{world} process(es)" if world % tp else f"{local} process(es) per node"
+    if world % n or local % n:
+        where = f"{world} process(es)" if world % n else f"{local} process(es) per node"
         raise BadInputError(
-            TP_KEY,
-            tp,
-            f"a divisor of the {where} (the (dp, tp) mesh: world = dp x tp, each TP group on one node)",
-            f"launch a multiple of {tp} processes per node, or set {TP_KEY} to a divisor of {local}",
+            key,
+            n,
+            f"a divisor of the {where} (the (dp, {key}) mesh: world = dp x {key}, each group on one node)",
+            f"launch a multiple of {n} processes per node, or set {key} to a divisor of {local}",
         )
-    return Layout(tp, world, rank)
 
 
 def configured_tp(cfg, world: int) -> int:
-    """The TP size a train config asks for over `world` processes (1 = the target whole on every rank);
+    """The group size a train config asks for over `world` processes (1 = the target whole on every rank);
     `check_placement` has refused what the target or the world cannot take."""
     if cfg.target_placement == "replicate":
         return 1
-    return cfg.tp_size or world
+    size = cfg.tp_size if cfg.target_placement == "tp" else getattr(cfg, "ep_size", None)
+    return size or world
 
 
 def load_tensor_parallel(path, config, layout: Layout, dtype: torch.dtype, device: torch.device):
     """This rank's shard of the checkpoint at `path` (transformers reads only its slices of each tensor).
 
     transformers builds its mesh over the whole world (pp x dp_replicate x fsdp x tp = world, FSDP over the
-    rest); ours is (dp, tp) with the target replicated over dp, so the model class hands it our mesh."""
+    rest); ours is (dp, n) with the target replicated over dp, so the model class hands it our meshes: the
+    dense one's tp axis and the experts' ep axis are the same group of n ranks, which is what lets
+    transformers' `all_reduce` EP run (every rank of the EP group holds the same batch)."""
     from torch.distributed.device_mesh import init_device_mesh
     from transformers.distributed import DistributedConfig
     from transformers.distributed.utils import TransformersDeviceMesh
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    dp, tp = layout.dp, layout.tp
-    dense = init_device_mesh(device.type, (1, dp, 1, tp), mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp"))
+    from draftsmith.runtime.core import placement_moe
+
+    dp, n = layout.dp, layout.tp
+    dense = init_device_mesh(device.type, (1, dp, 1, n), mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp"))
     expert = init_device_mesh(
-        device.type, (1, dp, tp, 1), mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")
+        device.type, (1, dp, 1, n), mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")
     )
     meshes = TransformersDeviceMesh(dense, expert)
     base = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
@@ -195,14 +299,20 @@ def load_tensor_parallel(path, config, layout: Layout, dtype: torch.dtype, devic
             return distributed_config, device, meshes
 
     OnOurMesh.__name__ = OnOurMesh.__qualname__ = base.__name__
-    model = OnOurMesh.from_pretrained(
+    # tp_plan={}: no tensor-parallel rule at all (attention whole), the EP plan alone across the group
+    distributed = DistributedConfig(
+        tp_size=n,
+        tp_plan=dict(WHOLE) if layout.dense else {},
+        ep_size=n if layout.experts else 1,
+        ep_implementation=placement_moe.EP_IMPLEMENTATION,
+    )
+    return OnOurMesh.from_pretrained(
         path,
         config=config,
         dtype=dtype,
         attn_implementation=family_of(config).attention,
-        distributed_config=DistributedConfig(tp_size=tp, tp_plan=dict(WHOLE)),
+        distributed_config=distributed,
     )
-    return model
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -215,18 +325,19 @@ def resident_bytes(module: torch.nn.Module) -> int:
     return sum(local(p).numel() * local(p).element_size() for p in module.parameters())
 
 
-def placement_shard_fraction(config, tp: int) -> float:
-    """The share of the target's parameter bytes each rank holds under `tp`-way tensor parallelism (1.0 at
-    tp = 1): exact, from a meta-device model of `config` (no weights), for the memory preflight."""
+def placement_shard_fraction(config, tp: int, placement: str = "tp") -> float:
+    """The share of the target's parameter bytes each rank holds under `placement` over groups of `tp`
+    ranks (1.0 at tp = 1): exact, from a meta-device model of `config` (no weights), for the preflight."""
     from transformers import AutoModelForCausalLM
 
-    if tp == 1:
+    if tp == 1 or placement == "replicate":
         return 1.0
-    plan = tp_plan(config)
+    dense = splits_dense(config, placement, tp)
+    plan = split_plan(config, Layout(tp, tp, 0, experts=family_of(config).moe, dense=dense))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     whole = held = 0
-    for name, p in model.named_parameters():  # MoE experts: [E, 2 I, H] and [E, H, I] split in I
+    for name, p in model.named_parameters():  # MoE experts: [E, 2 I, H] and [E, H, I] split in E
         whole += p.numel()
         held += p.numel() // tp if split_param(name, plan) else p.numel()
     return held / whole

@@ -145,9 +145,10 @@ class Target(TargetPieces):
         # transformers renamed the layers' cache argument (past_key_values -> cache) during 5.x.
         params = inspect.signature(type(self.decoder.layers[0]).forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        # tensor parallel (runtime/core/placement.py): this rank holds 1/tp_size of each layer, its group's
-        # ranks run every forward together; `driver` is set while this rank drives the others
-        self.tp_size, self.tp_group, self.driver = 1, None, None
+        # split over a group (runtime/core/placement.py, tp or ep): this rank holds its shard of the layers,
+        # the group's tp_size ranks run every forward together, the KV heads split over kv_split of them
+        # (1 where attention is whole: ep with MLA); `driver` is set while this rank drives the others
+        self.tp_size, self.kv_split, self.tp_group, self.driver = 1, 1, None, None
         # weight-only quantization (runtime/core/quantize.py): what runs, and the checkpoint's weights_hash
         self.quantization: str | None = None
         self.source_weights_hash: str | None = None
@@ -184,6 +185,7 @@ class Target(TargetPieces):
         target.path = str(resolved.path)
         if tp > 1:
             target.tp_size, target.tp_group = tp, model._device_mesh["tp"].get_group()
+            target.kv_split = layout.kv_split
         return target
 
     # ---- shape facts (TargetPieces has the ones parts-only targets share) -------------------------------
@@ -248,7 +250,7 @@ class Target(TargetPieces):
     ) -> KVCache:
         """A cache shaped for this target (`cache_class`: KVCache, or StaticKVCache for the graphed path)."""
         # tensor parallel: this rank's heads only; MLA: one latent and one rope key (runtime/core/mla.py)
-        heads, key_dim, value_dim = cache_dims(self.config, self.tp_size, self.decoder.layers[0].self_attn)
+        heads, key_dim, value_dim = cache_dims(self.config, self.kv_split, self.decoder.layers[0].self_attn)
         layers = num_layers or self.num_layers
         cache = cache_class(layers, batch, heads, key_dim, capacity, self.dtype, self.device, value_dim)
         if self.driver is not None:  # the TP group's other ranks make the same cache (placement.follow)

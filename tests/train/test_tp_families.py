@@ -90,28 +90,35 @@ def test_the_split_families_and_the_refused_ones():
         check_placement(gemma3_config(), "tp", 2, world=2)
 
 
-def test_a_moe_plan_without_the_experts_all_reduce_is_refused():
+def test_a_moe_plan_without_the_experts_dispatch_is_refused():
     config = tp_config("mixtral")
-    config.base_model_tp_plan = {**config.base_model_tp_plan}
-    del config.base_model_tp_plan["layers.*.mlp.experts"]
+    config.base_model_ep_plan = {**config.base_model_ep_plan}
+    del config.base_model_ep_plan["layers.*.mlp.experts"]
     with pytest.raises(BadInputError, match=r"target_placement: .*'layers\.\*\.mlp\.experts': None"):
         check_placement(config, "tp", 2, world=2)
     config = tp_config("qwen3_moe")
-    config.base_model_tp_plan = {**config.base_model_tp_plan, "layers.*.mlp.gate": "colwise"}  # the router
-    with pytest.raises(BadInputError, match=r"'layers\.\*\.mlp\.gate': 'colwise'"):
+    config.base_model_ep_plan = {**config.base_model_ep_plan, "layers.*.mlp.gate": "grouped_gemm"}  # router
+    with pytest.raises(BadInputError, match=r"'layers\.\*\.mlp\.gate': 'grouped_gemm'"):
+        check_placement(config, "ep", None, world=2)
+
+
+def test_a_group_size_that_does_not_divide_the_experts_is_refused():
+    config = tp_config("qwen3_moe")
+    config.num_experts = 7
+    with pytest.raises(BadInputError, match="tp_size: got 2, .*num_experts=7"):
         check_placement(config, "tp", 2, world=2)
-
-
-def test_a_tp_size_that_does_not_divide_the_expert_width_is_refused():
+    with pytest.raises(BadInputError, match=r"ep_size: got 2, .*num_experts=7.*\[1\]"):
+        check_placement(config, "ep", None, world=2, ep_size=2)
+    # the experts split whole: their width need not divide (the old per-expert width split needed it)
     config = tp_config("qwen3_moe")
     config.moe_intermediate_size = 25
-    with pytest.raises(BadInputError, match="tp_size: got 2, .*moe_intermediate_size=25"):
-        check_placement(config, "tp", 2, world=2)
+    assert check_placement(config, "tp", 2, world=2).experts
 
 
 def test_the_share_of_a_moe_target_each_rank_holds():
     """Qwen3-MoE tiny, by hand: per layer q [128, 64], o [64, 128], k, v [32, 64], and layers 0 and 2's
-    experts [8, 48, 64] + [8, 64, 24] (layer 1's dense MLP 3 x [192, 64]) split in half; the router
+    experts [8, 48, 64] + [8, 64, 24] (4 whole experts a rank; layer 1's dense MLP 3 x [192, 64]) split in
+    half; the router
     [8, 64], q/k norms [16], layer norms [64], embedding and LM head [128, 64] whole."""
     c = tp_config("qwen3_moe")
     attention = 2 * 128 * 64 + 2 * 32 * 64

@@ -1,7 +1,8 @@
-"""One rank of tests/train/test_tp_families.py: a MoE or Gemma target split over 2 gloo ranks (runtime/core/
-placement.py) against the same checkpoint whole in this process, both through draftsmith's forward in fp32.
+"""One rank of tests/train/test_tp_families.py and test_ep_placement.py: a MoE or Gemma target split over 2
+gloo ranks (runtime/core/placement.py, `tp` or `ep`) against the same checkpoint whole in this process, both
+through draftsmith's forward in fp32.
 
-    torchrun --nproc_per_node 2 tests/train/tp_family_check.py TARGET_DIR OUT_DIR ok|no-all-reduce BOUND_SUMS
+    torchrun --nproc_per_node 2 tests/train/tp_family_check.py TARGET OUT ok|no-all-reduce BOUND_SUMS tp|ep
 
 Each rank writes OUT_DIR/rank-R.json: the largest logit differences of a prefill (and its captured layer
 0), two KV-cached steps and a tree-verification forward, each in units of the fp32 bound of BOUND_SUMS
@@ -11,8 +12,8 @@ share; whether the last layer's layer_state (what an MTP block copies) and the w
 whole one's; and on rank 0, whether greedy speculative decoding with n-gram drafts (a chain, then a
 dynamic tree) over the split target, rank 0 driving and rank 1 following, emits the whole target's plain
 greedy tokens.
-`no-all-reduce` is the negative control: the experts' all-reduce rule replaced by one that does nothing,
-so each rank keeps its partial MoE output.
+`no-all-reduce` is the negative control: transformers' `all_reduce` expert-parallel implementation replaced
+by one that skips the sum, so each rank keeps its own experts' part of the MoE output.
 """
 
 import json
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 from engine_checks import make_prompts
 
-from draftsmith.runtime.core import placement
+from draftsmith.runtime.core import placement, placement_moe
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.placement import Layout, driving, follow, local, resident_bytes
 from draftsmith.runtime.core.placement_moe import split_param
@@ -63,9 +64,9 @@ def layer_bytes(target: Target) -> int:
     return sum(local(p).numel() * local(p).element_size() for p in target.decoder.layers.parameters())
 
 
-def planned_layer_bytes(whole: Target, tp: int) -> int:
+def planned_layer_bytes(whole: Target, layout: Layout) -> int:
     """What the plan leaves a rank of the whole target's layers: 1/tp of each split tensor, the rest whole."""
-    plan = placement.tp_plan(whole.model.config)
+    plan, tp = placement.split_plan(whole.model.config, layout), layout.tp
     total = 0
     for name, p in whole.decoder.layers.named_parameters():
         numel = p.numel() // tp if split_param(f"layers.{name}", plan) else p.numel()
@@ -79,21 +80,39 @@ def states_equal(target: Target, whole: Target, index: int) -> bool:
     return got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
-def preflight_bytes(folder: str, whole: Target, tp: int) -> float:
+def preflight_bytes(folder: str, whole: Target, layout: Layout) -> float:
     """train/preflight_families.py's weights per rank for this target (a meta-device model of its config)."""
     from draftsmith.train.preflight_families import TargetArch, meta_model
 
     config = whole.model.config
     arch = TargetArch.of(meta_model(config, folder, torch.float32), config)
-    return arch.weights_per_rank(resident_bytes(whole.model), tp)
+    return arch.weights_per_rank(resident_bytes(whole.model), layout.tp, dense=layout.dense)
 
 
-def main(folder: str, out: str, mode: str, sums: int) -> None:
+def skip_the_experts_sum() -> None:
+    """The negative control: an EP implementation that runs this rank's experts and never sums the ranks'
+    partial outputs (transformers' AllReduceEP without its all-reduce)."""
+    from transformers.distributed.expert_parallel import AllReduceEP, EPImplementationInterface
+
+    class LocalExpertsOnly(AllReduceEP):
+        def __call__(self, hidden_states, top_k_index, top_k_weights):
+            off_rank = (top_k_index // self.num_local_experts) != self.ep_mesh.get_local_rank()
+            index = torch.where(off_rank, self.num_local_experts, top_k_index % self.num_local_experts)
+            return self.experts_forward(hidden_states, index, top_k_weights.masked_fill(off_rank, 0.0))
+
+    EPImplementationInterface.register("local-experts-only", LocalExpertsOnly)
+    placement_moe.EP_IMPLEMENTATION = "local-experts-only"
+
+
+def main(folder: str, out: str, mode: str, sums: int, where: str) -> None:
+    from transformers import AutoConfig
+
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    if mode == "no-all-reduce":  # transformers' "local_params": the experts on their shards, no collective
-        placement.WHOLE = {**placement.WHOLE, "model.layers.*.mlp.experts": "local_params"}
-    target = Target.load(folder, device="cpu", dtype="float32", layout=Layout(world, world, rank))
+    if mode == "no-all-reduce":
+        skip_the_experts_sum()
+    layout = placement.check_placement(AutoConfig.from_pretrained(folder), where, None, world, rank)
+    target = Target.load(folder, device="cpu", dtype="float32", layout=layout)
     whole = Target.load(folder, device="cpu", dtype="float32")
     g = torch.Generator().manual_seed(0)  # the same ids on every rank
     ids, nodes = (
@@ -106,10 +125,12 @@ def main(folder: str, out: str, mode: str, sums: int) -> None:
         "misses": [miss(a, b, sums) for a, b in zip(got, want)],  # prefill, layer 0, step 1, step 3, tree
         "local_kv_heads": target.new_cache(1, 1).keys[0].shape[1],
         "layer_bytes": layer_bytes(target),
-        "planned_layer_bytes": planned_layer_bytes(whole, world),
+        "planned_layer_bytes": planned_layer_bytes(whole, layout),
         "whole_layer_bytes": layer_bytes(whole),
         "resident_bytes": resident_bytes(target.model),
-        "preflight_bytes": preflight_bytes(folder, whole, world),
+        "preflight_bytes": preflight_bytes(folder, whole, layout),
+        "share": placement.placement_shard_fraction(whole.model.config, world, where),
+        "whole_bytes": resident_bytes(whole.model),
         "layer_state_equal": states_equal(target, whole, whole.num_layers - 1),
         "weights_hash_equal": target.weights_hash() == whole.weights_hash(),  # read from the checkpoint
     }
@@ -133,4 +154,4 @@ def main(folder: str, out: str, mode: str, sums: int) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "tp")
