@@ -26,7 +26,7 @@ from draftsmith.runtime.core.artifacts import (  # noqa: F401 (re-exported for t
     tokenizer_hash,
 )
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.core.errors import BadInputError, check_output_dir, read_json
 
 RECORD_FILE = "draftsmith_data.json"
 FORMAT_VERSION = 1
@@ -136,7 +136,8 @@ def check_same_target(record: dict, target, field_name: str) -> None:
 
 
 def guard_out_dir(out: Path, data_dir: Path, step: str) -> None:
-    """Refuse to write a step's output over its input or over another step's folder."""
+    """Refuse to write a step's output over its input, over another step's folder, or where a file is."""
+    check_output_dir("--out", out)
     if out.resolve() == data_dir.resolve():
         raise BadInputError("--out", str(out), "a folder other than --data (the input would be overwritten)")
     done = read_record(out, "--out")

@@ -51,7 +51,7 @@ from draftsmith.data_recipes.common import (
 from draftsmith.data_recipes.sources import Conversation, iter_conversations, source_hash, validate_source
 from draftsmith.data_recipes.templating import render_and_mask
 from draftsmith.runtime.core.artifacts import pid_alive
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.errors import BadInputError, check_output_dir
 
 log = logging.getLogger("draftsmith")
 
@@ -187,8 +187,7 @@ def _datasets_bars(enabled: bool):
 
 def check_out_folder(out: Path) -> None:
     """`out` must be new, empty, or a folder written by a draftsmith data step (it gets replaced)."""
-    if out.is_file():
-        raise BadInputError("--out", str(out), "a folder path (it is a file)")
+    check_output_dir("--out", out)  # a file there, or above it
     if out.is_dir() and any(out.iterdir()) and not _is_ours(out):
         raise BadInputError(
             "--out",

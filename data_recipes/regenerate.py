@@ -50,7 +50,7 @@ from draftsmith.data_recipes.parts import (
 )
 from draftsmith.runtime.core.config import atomic_write_text
 from draftsmith.runtime.core.engine import decode_batch
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.errors import BadInputError, check_output_dir
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 log = logging.getLogger("draftsmith")
@@ -210,7 +210,7 @@ def regenerate(
     check_shard_args(num_shards, shard_index)
     source = require_whole(data_dir, "--data", ("prepare", "regenerate"))
     check_same_target(source, target, "--target")
-    out = Path(out)
+    out = check_output_dir("--out", out)  # a file there, or above it
     record = StepRecord(
         "regenerate",
         inputs={

@@ -5,9 +5,30 @@ from __future__ import annotations
 import argparse
 import math
 
+from draftsmith.runtime.core.errors import check_output_dir, check_output_file
+
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
+
+
+def declare_outputs(
+    p: argparse.ArgumentParser, dirs: tuple[str, ...] = (), files: tuple[str, ...] = ()
+) -> None:
+    """The flags that name what a verb writes: folders (`dirs`) and side files (`files`). `check_outputs`
+    checks them all once after parsing, before any work, so no run loses its results to a bad path."""
+    p.set_defaults(output_dirs=dirs, output_files=files)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse (exit 2) any declared output path that cannot be written: a file where a folder goes, a
+    folder where a file goes, a path under a file (runtime/core/errors.py)."""
+    checks = [(flag, check_output_dir) for flag in getattr(args, "output_dirs", ())]
+    checks += [(flag, check_output_file) for flag in getattr(args, "output_files", ())]
+    for flag, check in checks:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            check(flag, value)
 
 
 def int_arg(name: str):

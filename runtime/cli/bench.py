@@ -12,6 +12,7 @@ from draftsmith.runtime.cli.args import (
     add_cpu_linears_arg,
     add_quantize_args,
     add_target_args,
+    declare_outputs,
     int_arg,
 )
 from draftsmith.runtime.core.errors import BadInputError
@@ -131,6 +132,7 @@ def add_bench(sub) -> None:
         help="on CUDA, synchronize at each draft / verify phase boundary so every kernel counts in the phase "
         "that launched it (costs a stall per phase; CPU runs are exact without it)",
     )
+    declare_outputs(p, dirs=("--out",))
     p.set_defaults(run=run_bench_cli)
 
 

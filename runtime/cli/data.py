@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from draftsmith.runtime.cli.args import Formatter, add_target_args, finite_float_arg, int_arg
+from draftsmith.runtime.cli.args import Formatter, add_target_args, declare_outputs, finite_float_arg, int_arg
 
 
 def add_data(sub) -> None:
@@ -65,6 +65,7 @@ def add_data(sub) -> None:
     prep.add_argument(
         "--fail-on-clip", action="store_true", help="error instead of clipping an over-long row"
     )
+    declare_outputs(prep, dirs=("--out",))  # checked before the step starts
     prep.set_defaults(run=_run_data("prepare"))
 
     regen = steps.add_parser(
@@ -86,6 +87,7 @@ def add_data(sub) -> None:
     add_shard_args(regen, "conversations")
     add_placement_args(regen)
     add_engine_args(regen)
+    declare_outputs(regen, dirs=("--out",))  # checked before the step starts
     regen.set_defaults(run=_run_data("regenerate"))
 
     cap = steps.add_parser(
@@ -126,6 +128,7 @@ def add_data(sub) -> None:
     add_shard_args(cap, "rows (about equal tokens)")
     add_placement_args(cap)
     add_engine_args(cap)
+    declare_outputs(cap, dirs=("--out",))  # checked before the step starts
     cap.set_defaults(run=_run_data("capture"))
 
     voc = steps.add_parser(
@@ -136,6 +139,7 @@ def add_data(sub) -> None:
     voc.add_argument("--data", required=True, help="a prepared or regenerated folder")
     voc.add_argument("--draft-vocab-size", type=int_arg("--draft-vocab-size"), required=True)
     voc.add_argument("--out", required=True, help="output folder (draft_vocab.safetensors + record)")
+    declare_outputs(voc, dirs=("--out",))  # checked before the step starts
     voc.set_defaults(run=_run_data("vocab"))
 
 
@@ -158,14 +162,22 @@ def add_placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target-placement",
         default="replicate",
-        help="under torchrun: replicate (the target whole on every process, part RANK of WORLD each) or tp "
-        "(each layer split over the --tp-size processes of a group; a group's rank 0 writes its part)",
+        help="under torchrun: replicate (the target whole on every process, part RANK of WORLD each), tp "
+        "(each layer split over the --tp-size processes of a group; a group's rank 0 writes its part) or "
+        "ep (a MoE target's experts split over the --ep-size processes of a group, attention split where "
+        "the heads allow: Qwen3-MoE, Mixtral, DeepSeek-V3)",
     )
     p.add_argument(
         "--tp-size",
         type=int_arg("--tp-size"),
         default=None,
         help="processes per tensor-parallel group (unset: all); must divide the heads and the processes",
+    )
+    p.add_argument(
+        "--ep-size",
+        type=int_arg("--ep-size"),
+        default=None,
+        help="processes per expert-parallel group (unset: all); must divide the experts and the processes",
     )
     p.add_argument(
         "--process-group-timeout-s",

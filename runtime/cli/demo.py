@@ -34,7 +34,7 @@ import torch
 
 from draftsmith.runtime.bench.types import is_baseline
 from draftsmith.runtime.core.config import atomic_write_text, load_config, save_config
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, check_output_dir, read_json
 from draftsmith.runtime.core.row_linear import check_mode
 
 log = logging.getLogger("draftsmith")
@@ -82,6 +82,7 @@ class DemoConfig:
         if not self.methods:
             raise BadInputError("methods", self.methods, "at least one method")
         check_mode("cpu_linears", self.cpu_linears)
+        check_output_dir("out_dir", self.out_dir)  # before training: bench/, export-*/ and results go there
         for method in self.methods:
             if not is_baseline(method) and "@" not in method:
                 raise BadInputError("methods", method, "a bench baseline (hf, ...) or DRAFT@TREE")

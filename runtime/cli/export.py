@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from draftsmith.runtime.cli.args import Formatter
+from draftsmith.runtime.cli.args import Formatter, declare_outputs
 
 INTRO = (
     "Export a head folder (or a run folder: its final/) in a layout engines load. Every export is\n"
@@ -106,6 +106,7 @@ def add_export(sub) -> None:
     p.add_argument("--push-to-hub", metavar="REPO_ID", help="also upload the folder to this Hub repository")
     p.add_argument("--private", action="store_true", help="create the Hub repository private")
     p.add_argument("--revision", help="Hub branch to push to (created if missing)")
+    declare_outputs(p, dirs=("--out",))
     p.set_defaults(run=run_export)
 
 

@@ -22,6 +22,8 @@ from draftsmith.runtime.cli.args import (
     add_cpu_linears_arg,
     add_quantize_args,
     add_target_args,
+    check_outputs,
+    declare_outputs,
     finite_float_arg,
     int_arg,
 )
@@ -101,6 +103,7 @@ def add_generate(sub) -> None:
     add_cpu_linears_arg(p)
     add_quantize_args(p)
     add_ssd_args(p)  # runtime/cli/ssd.py
+    declare_outputs(p, files=("--ssd-trace",))
     p.set_defaults(run=run_generate)
 
 
@@ -174,7 +177,7 @@ def run_generate(args: argparse.Namespace) -> None:
                 "load-aware depth counts (0..%d): %s", auto_depth, policy.depth_counts
             )
     wall = time.perf_counter() - start
-    ssd_metrics = ssd_cli.finish(args, drafter) if ssd_depth else []
+    ssd_metrics = ssd_cli.finish(drafter) if ssd_depth else []
     for i, (text, res) in enumerate(zip(texts, results, strict=True)):
         if args.json:
             row = result_row(target, text, res)
@@ -198,6 +201,8 @@ def run_generate(args: argparse.Namespace) -> None:
         new / max(forwards, 1),
         f", acceptance per position {[round(r, 2) for r in rates]}" if rates else "",
     )
+    if ssd_depth:  # side files after the rows: a late failure here loses no generated text
+        ssd_cli.write_trace(args, drafter)
 
 
 def result_row(target, prompt: str, res) -> dict:
@@ -355,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     args.argv = sys.argv[1:] if argv is None else list(argv)  # what reports quote as the command
     try:
+        check_outputs(args)  # every output path, before any work (runtime/cli/args.py)
         args.run(args)
     except DraftsmithError as err:
         print(f"draftsmith {args.verb}: error: {err}", file=sys.stderr)

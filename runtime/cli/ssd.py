@@ -4,9 +4,10 @@
     draftsmith generate --draft self:layers=10 --tree chain:3 --ssd --ssd-fanout 8 --json --prompt "Hi"
     draftsmith generate --draft self:layers=10 --tree chain:3 --draft-process --ssd --prompt "Hi"
 
-`check_args` runs before the target loads (bad input exits 2 at once); `build` makes the drafter;
-`finish` stops a drafter process, writes the trace, and returns the per-batch metrics `generate --json`
-adds to each row as "ssd".
+`check_args` runs before the target loads (bad input exits 2 at once; the --ssd-trace path is checked with
+every verb's outputs, runtime/cli/args.py); `build` makes the drafter; `finish` stops a drafter process and
+returns the per-batch metrics `generate --json` adds to each row as "ssd"; `write_trace` writes
+--ssd-trace once the rows are printed.
 """
 
 from __future__ import annotations
@@ -116,18 +117,21 @@ def build(args, target, depth: int):
     return RemoteDrafter(config, fallback=in_process if args.draft_fallback else None)
 
 
-def finish(args, drafter) -> list[dict]:
-    """Stop a drafter process; write --ssd-trace; -> per batch metrics ([] without any)."""
+def finish(drafter) -> list[dict]:
+    """Stop a drafter process (its trace comes back with it); -> per batch metrics ([] without any)."""
     from draftsmith.runtime.drafters.draft_process import RemoteDrafter
 
-    metrics = drafter.close() if isinstance(drafter, RemoteDrafter) else drafter.batch_metrics()
-    trace = getattr(drafter, "trace", None) or []
+    return drafter.close() if isinstance(drafter, RemoteDrafter) else drafter.batch_metrics()
+
+
+def write_trace(args, drafter) -> None:
+    """--ssd-trace: one JSON line per verified cycle, written whole (its folders created as needed)."""
+    from draftsmith.runtime.core import config
+
     if args.ssd_trace:
-        path = Path(args.ssd_trace)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text("".join(json.dumps(row) + "\n" for row in trace))
-        tmp.replace(path)  # nothing half-written
-    return metrics
+        trace = getattr(drafter, "trace", None) or []
+        text = "".join(json.dumps(row) + "\n" for row in trace)
+        config.atomic_write_text(Path(args.ssd_trace).expanduser(), text)  # nothing half-written
 
 
 def abort(drafter) -> None:

@@ -4,7 +4,8 @@ Every message names the field, what it got and what it expected, so a user can f
 reading a stack trace. `DraftsmithError` covers everything else we can explain (exit code 1).
 
 The readers of user files live here too, so a bad file is refused the same way everywhere:
-`read_text` (UTF-8), `read_json`, and `check_output_dir` for an output folder, checked before the work.
+`read_text` (UTF-8), `read_json`, and `check_output_dir` / `check_output_file` for an output folder or file,
+checked before the work (every verb's outputs: runtime/cli/args.py `declare_outputs`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,20 @@ def check_output_dir(field: str, path: str | Path) -> Path:
             if not p.is_dir():
                 where = "it is a file" if p == path else f"{p} is a file"
                 raise BadInputError(field, str(path), "a folder (new or existing)", where)
+            break
+    return path
+
+
+def check_output_file(field: str, path: str | Path) -> Path:
+    """An output file that can be written (its folders are created as needed): refused (before any work)
+    when it is an existing folder, or when a folder it would be written in is an existing file."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise BadInputError(field, str(path), "a file path (new or existing)", "it is a folder")
+    for p in path.parents:
+        if p.exists():
+            if not p.is_dir():
+                raise BadInputError(field, str(path), "a file path (new or existing)", f"{p} is a file")
             break
     return path
 

@@ -300,3 +300,93 @@ def test_bench_out_naming_a_file_is_refused_before_any_run(tiny_dir, tmp_path, c
     assert code == 2, err
     assert "--out" in err and "a folder" in err and out == "", err
     assert file.read_text() == "an old report\n"
+
+
+def no_target(monkeypatch):
+    """Target.load raises: a test passes only if the command is refused before the target loads."""
+    from draftsmith.runtime.core import target
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the target loaded before the outputs were checked")
+
+    monkeypatch.setattr(target.Target, "load", no_work)
+
+
+OUTPUTS = {  # issue 45 items 1-2: case -> (argv with OUT for the output path, the field)
+    "generate --ssd-trace": lambda i: (
+        ["generate", *i.on_target, "--prompt", "w1", "--draft", "ngram", "--ssd", "--ssd-trace", "OUT"],
+        "--ssd-trace",
+    ),
+    "data prepare": lambda i: (
+        ["data", "prepare", *i.on_target, "--source", f"prompts:{i.prompts}", "--out", "OUT"],
+        "--out",
+    ),
+    "data regenerate": lambda i: (
+        ["data", "regenerate", *i.on_target, "--data", i.tmp, "--out", "OUT"],
+        "--out",
+    ),
+    "data capture": lambda i: (["data", "capture", *i.on_target, "--data", i.tmp, "--out", "OUT"], "--out"),
+    "data vocab": lambda i: (
+        ["data", "vocab", "--data", i.tmp, "--draft-vocab-size", "8", "--out", "OUT"],
+        "--out",
+    ),
+    "export": lambda i: (["export", i.run, "--out", "OUT"], "--out"),
+    "demo": lambda i: (["demo", "out_dir=OUT"], "out_dir"),
+    "train": lambda i: (["train", "--config", CONFIG, f"target={i.target}", "output_dir=OUT"], "output_dir"),
+}
+
+
+@pytest.mark.parametrize(
+    "case, where",
+    [
+        (c, w)
+        for c in OUTPUTS
+        for w in ("a file", "under a file")
+        if (c, w) != ("generate --ssd-trace", "a file")
+    ],
+)  # a trace file that exists is replaced; one that is a folder: the next test
+def test_every_output_path_is_checked_before_the_target_loads(inputs, capsys, monkeypatch, case, where):
+    no_target(monkeypatch)
+    file = inputs.tmp / "notes.txt"
+    file.write_text("keep me\n")
+    out_path = file if where == "a file" else file / "sub"
+    argv, field = OUTPUTS[case](inputs)
+    code, out, err = run([str(a).replace("OUT", str(out_path)) for a in argv], capsys)
+    assert code == 2, err
+    assert f"{field}: got '{out_path}'" in err and "Traceback" not in err and out == "", err
+    assert file.read_text() == "keep me\n"
+
+
+def test_an_ssd_trace_path_that_is_a_folder_is_refused_first(inputs, capsys, monkeypatch):
+    no_target(monkeypatch)
+    argv = ["generate", *inputs.on_target, "--prompt", "w1", "--draft", "ngram", "--ssd"]
+    code, out, err = run([*argv, "--ssd-trace", inputs.tmp], capsys)
+    assert code == 2, err
+    assert "--ssd-trace" in err and "a file path" in err and out == "", err
+
+
+def test_an_ssd_trace_in_a_new_folder_is_written(inputs, capsys):
+    trace = inputs.tmp / "new" / "deeper" / "trace.jsonl"
+    argv = ["generate", *inputs.on_target, "--prompt", "w1 w2 w1 w2", "--max-new-tokens", "6", "--json"]
+    code, out, err = run(
+        [*argv, "--draft", "ngram", "--tree", "chain:2", "--ssd", "--ssd-trace", trace], capsys
+    )
+    assert code == 0, err
+    assert json.loads(out)["cycles"] == len(trace.read_text().splitlines())
+
+
+def test_generate_prints_its_rows_before_writing_the_trace(inputs, capsys, monkeypatch):
+    """A side file that fails late (a disk filled meanwhile) loses no generated text."""
+    from draftsmith.runtime.core import config
+
+    def full_disk(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(config, "atomic_write_text", full_disk)
+    argv = ["generate", *inputs.on_target, "--prompt", "w1 w2 w1 w2", "--max-new-tokens", "6", "--json"]
+    trace = inputs.tmp / "trace.jsonl"
+    with pytest.raises(OSError):
+        main(
+            [str(a) for a in [*argv, "--draft", "ngram", "--tree", "chain:2", "--ssd", "--ssd-trace", trace]]
+        )
+    assert json.loads(capsys.readouterr().out)["new_tokens"] == 6
