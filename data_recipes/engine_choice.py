@@ -135,7 +135,9 @@ def _one_process(args) -> bool:
         launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     except ValueError:
         launched = False  # tp_steps refuses a malformed WORLD_SIZE with its own message
-    placed = getattr(args, "target_placement", "replicate") != "replicate" or getattr(args, "tp_size", None)
+    placed = getattr(args, "target_placement", "replicate") != "replicate" or any(
+        getattr(args, key, None) for key in ("tp_size", "ep_size")
+    )
     return not launched and not placed
 
 

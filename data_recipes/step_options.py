@@ -24,6 +24,7 @@ MINIMUMS = {
     "max_new_tokens": ("--max-new-tokens", 1),  # regenerate.py, vllm_regenerate.py
     "shard_tokens": ("--shard-tokens", 1),  # capture.py
     "tp_size": ("--tp-size", 1),  # tp_steps.py / placement.py
+    "ep_size": ("--ep-size", 1),
     "process_group_timeout_s": ("--process-group-timeout-s", 1),  # tp_steps.py
     "tensor_parallel_size": ("--tensor-parallel-size", 1),  # vllm_engine.check_tensor_parallel
     "max_num_seqs": ("--max-num-seqs", 1),  # vllm_regenerate.py

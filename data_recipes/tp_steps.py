@@ -40,7 +40,7 @@ from draftsmith.runtime.core.placement import Layout, check_placement, driving, 
 log = logging.getLogger("draftsmith")
 TIMEOUT_FLAG = "--process-group-timeout-s"
 DEFAULT_TIMEOUT_S = 1800  # train.process_group_timeout_s's default (NCCL's own is 600 s)
-FLAGS = {"target_placement": "--target-placement", "tp_size": "--tp-size"}  # placement.py's keys
+FLAGS = {"target_placement": "--target-placement", "tp_size": "--tp-size", "ep_size": "--ep-size"}
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,10 @@ class StepPlan:
         return self.layout.tp_rank == 0
 
 
-def launch_line(step: str, tp: int | str = "N") -> str:
+def launch_line(step: str, tp: int | str = "N", placement: str = "tp") -> str:
     return (
-        f"torchrun --nproc-per-node {tp} -m draftsmith.runtime.cli data {step} --target-placement tp "
-        f"--tp-size {tp} ..."
+        f"torchrun --nproc-per-node {tp} -m draftsmith.runtime.cli data {step} "
+        f"--target-placement {placement} --{placement}-size {tp} ..."
     )
 
 
@@ -87,25 +87,29 @@ def plan_step(args, launch: Launch, step: str) -> StepPlan:
     the processes, explicit shards out of range."""
     check_shard_args(args.num_shards, args.shard_index)
     placement, tp_size = getattr(args, "target_placement", "replicate"), getattr(args, "tp_size", None)
+    ep_size = getattr(args, "ep_size", None)
+    size = ep_size if placement == "ep" else tp_size
     timeout = getattr(args, "process_group_timeout_s", DEFAULT_TIMEOUT_S)
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise BadInputError(TIMEOUT_FLAG, timeout, "seconds >= 1")
-    if placement == "tp" and launch.world == 1 and tp_size != 1:
+    if placement in ("tp", "ep") and launch.world == 1 and size != 1:
         raise BadInputError(
             "--target-placement",
-            "tp in one process (no process group: WORLD_SIZE unset)",
-            "a launch of a multiple of --tp-size processes",
-            f"run it as `{launch_line(step, tp_size or 'N')}`, or drop --target-placement",
+            f"{placement} in one process (no process group: WORLD_SIZE unset)",
+            f"a launch of a multiple of --{placement}-size processes",
+            f"run it as `{launch_line(step, size or 'N', placement)}`, or drop --target-placement",
         )
     config = None
-    if placement == "tp":
+    if placement in ("tp", "ep"):
         from transformers import AutoConfig
 
         from draftsmith.runtime.core.targets import resolve_target
 
         config = AutoConfig.from_pretrained(resolve_target(args.target).path)
     with renamed_fields(FLAGS):
-        layout = check_placement(config, placement, tp_size, launch.world, launch.rank, launch.local_world)
+        layout = check_placement(
+            config, placement, tp_size, launch.world, launch.rank, launch.local_world, ep_size
+        )
     shards, index = args.num_shards * layout.dp, args.shard_index * layout.dp + layout.dp_rank
     return StepPlan(layout, shards, index, rank_device(args.device, launch))
 

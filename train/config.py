@@ -138,11 +138,13 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"  # the target's compute dtype
     # The frozen target across processes (runtime/core/placement.py): replicate = whole on every rank; tp =
-    # each
-    # decoder layer split over the tp_size ranks of a group (None: all of them), the head data-parallel
-    # over the world / tp_size groups. Online training and the capture inside the job (offline reads parts).
-    target_placement: Literal["replicate", "tp"] = "replicate"
+    # each decoder layer split over the tp_size ranks of a group (None: all of them); ep = a MoE target's
+    # experts split over the ep_size ranks of a group (attention split where the heads allow, else whole).
+    # The head trains data-parallel over the world / group groups. Online training and the capture inside
+    # the job (offline reads parts).
+    target_placement: Literal["replicate", "tp", "ep"] = "replicate"
     tp_size: int | None = None
+    ep_size: int | None = None
     # `head:` is the section of the kind `head.type` names (runtime/heads/eagle3_kind.py Eagle3Section,
     # runtime/heads/mtp_kind.py MtpSection, ...): that kind's keys only
     head: HeadSection = field(default_factory=default_head, metadata={"section": head_kinds.section_class})
@@ -228,14 +230,18 @@ class TrainConfig:
     def _validate_placement(self) -> None:
         """What the config alone decides; the target's heads and the world size are checked when the run
         starts (runtime/placement.check_placement)."""
-        if self.tp_size is not None and self.tp_size < 1:
-            raise BadInputError("tp_size", self.tp_size, "an integer >= 1 (unset: the number of processes)")
-        if self.target_placement == "replicate" and self.tp_size not in (None, 1):
-            raise BadInputError("tp_size", self.tp_size, "unset with target_placement=replicate (or set tp)")
-        if self.target_placement == "tp" and self.cotrain.enabled:
+        for key, placement in (("tp_size", "tp"), ("ep_size", "ep")):
+            size = getattr(self, key)
+            if size is not None and size < 1:
+                raise BadInputError(key, size, "an integer >= 1 (unset: the number of processes)")
+            if self.target_placement != placement and size not in (None, 1):
+                raise BadInputError(
+                    key, size, f"unset with target_placement={self.target_placement} (or set {placement})"
+                )
+        if self.target_placement != "replicate" and self.cotrain.enabled:
             raise BadInputError(
                 "target_placement",
-                "tp",
+                self.target_placement,
                 "replicate with cotrain.enabled (a co-trained target is trained whole)",
             )
 

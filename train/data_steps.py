@@ -109,7 +109,7 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
     d, root = cfg.data, data_root(cfg, target)
     prepared, vocab = root / "prepared", root / f"vocab-{cfg.head.draft_vocab_size}"
     world, rank = (acc.num_processes, acc.process_index) if acc is not None else (1, 0)
-    tp = configured_tp(cfg, world)  # tensor parallel: one capture part per TP group (placement.py)
+    tp = configured_tp(cfg, world)  # tp or ep: one capture part per group (placement.py)
     parts, part = world // tp, rank // tp
     commands = data_commands(cfg, target, aux_layers, parts)
     captured = capture_dir(root, aux_layers, storage_label(d)) if d.mode == "offline" else None
@@ -143,7 +143,8 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
             )
         if tp > 1 and getattr(target, "tp_size", 1) != tp:  # offline parts: the trainer loads the shards
             raise PartsOnlyError(
-                f"a capture under target_placement=tp needs {target.name}'s layers in shards"
+                f"a capture under target_placement={cfg.target_placement} needs {target.name}'s layers "
+                "in shards"
             )
         if rank % tp:  # the group's rank 0 captures the group's part; this rank runs each forward with it
             follow(target)

@@ -86,7 +86,8 @@ def load_target(cfg, acc, whole: bool = False):
         target = Target.load(cfg.target, device=str(acc.device), dtype=cfg.dtype, layout=layout)
     if target.tp_size > 1:
         log.info(
-            "target: tensor parallel over %d ranks x %d data-parallel group(s), %.1f MB of weights per rank",
+            "target: %s over %d ranks x %d data-parallel group(s), %.1f MB of weights per rank",
+            "expert parallel" if layout.experts and not layout.dense else "tensor parallel",
             layout.tp,
             layout.dp,
             resident_bytes(target.model) / 2**20,
@@ -109,7 +110,7 @@ def target_layout(cfg, acc):
     with renamed_fields({"--target": "target"}):
         config = AutoConfig.from_pretrained(resolve_target(cfg.target).path)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    return check_placement(config, cfg.target_placement, cfg.tp_size, world, rank, local)
+    return check_placement(config, cfg.target_placement, cfg.tp_size, world, rank, local, cfg.ep_size)
 
 
 class Trainer:
@@ -204,13 +205,19 @@ class Trainer:
 
     def data_steps(self):
         """ensure_data; offline with a capture still to make (data_steps raises PartsOnlyError on every
-        rank alike), the whole target is loaded for the capture alone and dropped after it."""
+        rank alike), the whole target is loaded for the capture alone and dropped after it, once the
+        preflight has estimated that phase (train/preflight_capture.py: exit 2 when it does not fit)."""
         from draftsmith.runtime.core.target_parts import PartsOnlyError
 
         cfg, acc = self.cfg, self.acc
         try:
             return ensure_data(cfg, self.target, self.aux, progress=acc.is_main_process, acc=acc)
         except PartsOnlyError:  # capture runs every layer; training then reads its shards and the parts
+            if cfg.train.preflight != "off":  # its bytes per rank, before the whole target loads
+                from draftsmith.train.preflight_capture import check_capture
+
+                with no_zero3_init(acc):  # its meta-device models must not go through ZeRO-3's zero.Init
+                    check_capture(cfg, acc, self.target, self.aux)
             log.info("offline: the capture needs the whole target: loading it for the capture only")
             whole = load_target(cfg, acc, whole=True)
             paths = ensure_data(cfg, whole, self.aux, progress=acc.is_main_process, acc=acc)

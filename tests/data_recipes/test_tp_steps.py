@@ -193,7 +193,11 @@ def test_a_family_without_a_plan_and_a_bad_placement_are_refused(tmp_path, capsy
     code, err = run_cli([*argv, "tp"], capsys)
     assert code == 2 and "--target-placement: got \"tp for model_type 'llama'\"" in err, err
     code, err = run_cli([*argv, "pp"], capsys)
-    assert code == 2 and "--target-placement: got 'pp', expected one of ['replicate', 'tp']" in err, err
+    assert code == 2 and "--target-placement: got 'pp', expected one of ['replicate', 'tp', 'ep']" in err, err
+    code, err = run_cli([*argv, "ep"], capsys)  # expert parallelism for a dense family
+    assert code == 2 and "--target-placement: got \"ep for model_type 'llama'\"" in err, err
+    code, err = run_cli([*argv, "tp", "--ep-size", "2"], capsys)  # a size for the other placement
+    assert code == 2 and "--ep-size: got 2, expected unset (or 1) with target_placement=tp" in err, err
 
 
 def test_groups_make_their_parts_and_combine_with_explicit_shards(tiny_dir):

@@ -151,3 +151,20 @@ def test_experts_whose_outputs_are_not_summed_miss_the_bound(ep_dirs, tmp_path, 
     for r in ranks:
         after_moe = [m for i, m in enumerate(r["misses"]) if i != 1]  # DeepSeek's layer 0 is dense
         assert min(after_moe) > 100, r["misses"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["target_placement=ep", "tp_size=2"], "tp_size: got 2, expected unset with target_placement=ep"),
+        (["target_placement=tp", "ep_size=2"], "ep_size: got 2, expected unset with target_placement=tp"),
+        (["target_placement=ep", "ep_size=0"], "ep_size: got 0, expected an integer >= 1"),
+        (["target_placement=ep", "cotrain.enabled=true"], "target_placement: got 'ep', expected replicate"),
+    ],
+)
+def test_a_train_config_with_ep_is_checked_before_anything_loads(overrides, message):
+    from draftsmith.train.config import load_train_config
+
+    with pytest.raises(BadInputError, match=message):
+        load_train_config(None, overrides)
+    assert load_train_config(None, ["target_placement=ep", "ep_size=8"]).ep_size == 8
