@@ -6,9 +6,9 @@ kind declares).
     KIND.all_layouts()["mtp-mimo"].write(head_folder, out, LayoutOptions())
 
 The modules are runtime/heads/mtp.py, their drafter runtime/drafters/mtp_drafter.py, DeepSeek's and MiMo's
-layouts
-runtime/heads/mtp_layout.py; this file ties them together and holds the export writers (the target's files
-with the modules appended) and the model card's serve texts.
+layouts runtime/heads/mtp_layout.py; this file ties them together and holds the export writers (the
+target's files with the modules appended, written shard by shard by runtime/heads/mtp_stream.py) and the
+model card's serve texts.
 """
 
 from __future__ import annotations
@@ -20,14 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-import torch
-
-from draftsmith.runtime.core.artifacts import (
-    atomic_save_file,
-    check_round_trip,
-    load_tensors,
-    parameter_summary,
-)
+from draftsmith.runtime.core.artifacts import parameter_summary
 from draftsmith.runtime.core.errors import BadInputError, read_json
 from draftsmith.runtime.heads.head_kind import (
     DEFAULT_DEPTH,
@@ -133,33 +126,23 @@ def write_mimo(folder: Path, out: Path, options: LayoutOptions) -> Written:
 
 
 def _write(folder: Path, out: Path, options: LayoutOptions, mimo: bool) -> Written:
-    from safetensors.torch import load_file
-
+    """config.json and the tokenizer's files, then the weights shard by shard (runtime/heads/mtp_stream.py:
+    about one target shard in memory at a time), each read back and checked, the index last."""
     from draftsmith.runtime.heads.mtp import load_head
-    from draftsmith.runtime.heads.mtp_layout import from_deepseek, from_mimo, to_deepseek, to_mimo
+    from draftsmith.runtime.heads.mtp_layout import deepseek_config, mimo_config
+    from draftsmith.runtime.heads.mtp_stream import write_shards
 
-    head, fmt = load_head(folder), "mtp-mimo" if mimo else "mtp"
+    head = load_head(folder)
     target_dir = _target_dir(options, folder, head.config)
     target_config = read_json(target_dir / "config.json", "--target")
-    target_tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(target_dir.glob("*.safetensors")):
-        target_tensors.update(load_tensors(file, "--target"))
-    _check_target_weights(target_dir, target_tensors, target_config, head.config)
+    _check_target_weights(target_dir, head.config)
     ours = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    config, tensors = (to_mimo if mimo else to_deepseek)(head.config, ours, target_config, target_tensors)
-    tensors = {k: v.contiguous().clone() for k, v in tensors.items()}  # no shared storage in safetensors
+    config = (mimo_config if mimo else deepseek_config)(head.config, target_config)
     (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    atomic_save_file(out / "model.safetensors", tensors, {"format": "pt"})
     for name in TOKENIZER_FILES + ("generation_config.json",):
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, out / name)
-    written = load_file(str(out / "model.safetensors"))
-    if mimo:
-        back_ours, back_target = from_mimo(config, written)[1], {k: written[k] for k in target_tensors}
-    else:
-        _, back_ours, back_target = from_deepseek(config, written)
-    check_round_trip(ours, back_ours, f"{fmt} export (modules)")
-    check_round_trip(target_tensors, back_target, f"{fmt} export (target)")
+    write_shards(config, head.config, ours, target_dir, out, mimo)
     c = head.config
     where = (
         "as `model.mtp_layers.0` of a MiMoForCausalLM (the target with zero q/k/v biases)"
@@ -207,11 +190,12 @@ def _target_dir(options: LayoutOptions, folder: Path, config) -> Path:
     return found
 
 
-def _check_target_weights(target_dir: Path, tensors: dict, target_config: dict, config) -> None:
-    """The appended modules only work on the weights they were trained with (artifacts.weights_hash)."""
-    from draftsmith.runtime.core.artifacts import weights_hash_of_tensors
+def _check_target_weights(target_dir: Path, config) -> None:
+    """The appended modules only work on the weights they were trained with (artifacts.weights_hash, read
+    from the few checkpoint tensors it hashes: the target is never loaded whole)."""
+    from draftsmith.runtime.heads.eagle3_binding import folder_weights_hash
 
-    got = weights_hash_of_tensors(tensors, target_config["num_hidden_layers"])
+    got = folder_weights_hash(target_dir)
     if got != config.target_weights_hash:
         raise BadInputError(
             "--target",

@@ -1,7 +1,12 @@
 """MTP modules in DeepSeek-V3's checkpoint layout, and back (DeepSeek-V3's README_WEIGHTS.md).
 
-    config, tensors = to_deepseek(head, target_config, target_tensors)    # one model folder
-    mtp_config, mtp_tensors, target_tensors = from_deepseek(config, tensors)
+    config, tensors = to_deepseek(mtp_config, ours, target_config, target_tensors)    # one model folder
+    mtp_config, ours, target_tensors = from_deepseek(config, tensors)
+    module_tensors = deepseek_module(mtp_config, ours, m, embed, head)    # one module's shard
+
+The `to_*` functions build the whole folder in memory (tests, small targets); the pieces they are made of
+(`*_config`, `deepseek_module`, `mimo_target`, `mimo_module`) let runtime/heads/mtp_stream.py write the
+same tensors one shard at a time.
 
 DeepSeek-V3 ships its MTP module inside the model: `num_nextn_predict_layers: M` in config.json and the
 module's weights as decoder layer L + m (`model.layers.{L+m}.{enorm, hnorm, eh_proj, self_attn.*, mlp.*,
@@ -15,6 +20,7 @@ MTP classes build DeepSeek's MLA/MoE block), so for a Llama target it is a draft
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict
 
 import torch
@@ -37,25 +43,46 @@ def to_deepseek(
     target_config: dict,
     target_tensors: dict[str, torch.Tensor],  # the (co-trained) target's state dict
 ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The whole folder in memory; runtime/heads/mtp_stream.py writes the same tensors shard by shard."""
+    config = deepseek_config(mtp_config, target_config)
+    out = dict(target_tensors)
+    embed, head = target_tensors["model.embed_tokens.weight"], _lm_head(target_tensors)
+    for m in range(mtp_config.num_modules):
+        out.update(deepseek_module(mtp_config, mtp_tensors, m, embed, head))
+    return config, out
+
+
+def deepseek_config(mtp_config: MtpConfig, target_config: dict) -> dict:
+    """config.json of the DeepSeek layout: the target's, with the module count and our MtpConfig."""
     layers = target_config["num_hidden_layers"]
     if layers != mtp_config.num_target_layers:
         raise BadInputError(
             "num_hidden_layers", layers, f"{mtp_config.num_target_layers} (the modules' target)"
         )
-    out = dict(target_tensors)
-    embed, head = target_tensors["model.embed_tokens.weight"], _lm_head(target_tensors)
-    for name, tensor in mtp_tensors.items():
-        module, _, rest = name.removeprefix("layers.").partition(".")
-        out[f"model.layers.{layers + int(module)}.{rest}"] = tensor
-    for m in range(mtp_config.num_modules):
-        out[f"model.layers.{layers + m}.embed_tokens.weight"] = embed
-        out[f"model.layers.{layers + m}.shared_head.head.weight"] = head
-    config = {
+    return {
         **target_config,
         "num_nextn_predict_layers": mtp_config.num_modules,
         PROVENANCE_KEY: asdict(mtp_config),
     }
-    return config, out
+
+
+def deepseek_module(
+    mtp_config: MtpConfig,
+    mtp_tensors: dict[str, torch.Tensor],  # ours: layers.{m}.*
+    m: int,
+    embed: torch.Tensor,  # [V, H] the target's embedding
+    head: torch.Tensor,  # [V, H] the target's LM head (the embedding when tied)
+) -> dict[str, torch.Tensor]:
+    """Module m as decoder layer L + m, with the embedding and LM head copies DeepSeek's loaders read."""
+    prefix = f"model.layers.{mtp_config.num_target_layers + m}."
+    out = {
+        prefix + name.removeprefix(f"layers.{m}."): tensor
+        for name, tensor in mtp_tensors.items()
+        if name.startswith(f"layers.{m}.")
+    }
+    out[prefix + "embed_tokens.weight"] = embed
+    out[prefix + "shared_head.head.weight"] = head
+    return out
 
 
 def deepseek_mtp_config(config: dict) -> MtpConfig:
@@ -86,11 +113,11 @@ def from_deepseek(
     """-> (our MtpConfig, our module tensors `layers.{m}.*`, the target's tensors)."""
     mtp_config = deepseek_mtp_config(config)
     layers, modules = config["num_hidden_layers"], mtp_config.num_modules
-    target = {k: v for k, v in tensors.items() if _module_index(k, layers) is None}
+    target = {k: v for k, v in tensors.items() if module_index(k, layers) is None}
     embed, head = target["model.embed_tokens.weight"], _lm_head(target)
     ours: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
-        m = _module_index(name, layers)
+        m = module_index(name, layers)
         if m is None:
             continue
         rest = name.split(".", 3)[3]
@@ -105,7 +132,7 @@ def from_deepseek(
     return mtp_config, ours, target
 
 
-def _module_index(name: str, layers: int) -> int | None:
+def module_index(name: str, layers: int) -> int | None:
     """model.layers.{L+m}.x -> m (None for the target's own tensors)."""
     parts = name.split(".")
     if len(parts) > 3 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) >= layers:
@@ -124,6 +151,7 @@ def _module_index(name: str, layers: int) -> int | None:
 MIMO_NAMES = {"enorm": "token_layernorm", "hnorm": "hidden_layernorm", "eh_proj": "input_proj"}
 MIMO_NAMES["shared_head.norm"] = "final_layernorm"
 QKV = ("q_proj", "k_proj", "v_proj")
+QKV_WEIGHTS = tuple(f"{p}.weight" for p in QKV)
 
 
 def to_mimo(
@@ -132,28 +160,20 @@ def to_mimo(
     target_config: dict,
     target_tensors: dict[str, torch.Tensor],
 ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The whole folder in memory; runtime/heads/mtp_stream.py writes the same tensors shard by shard."""
+    config = mimo_config(mtp_config, target_config)
+    out = mimo_target(target_tensors, set(target_tensors))
+    out.update(mimo_module(mtp_tensors, target_config["hidden_size"]))
+    return config, out
+
+
+def mimo_config(mtp_config: MtpConfig, target_config: dict) -> dict:
+    """config.json of the MiMo layout: the target as MiMoForCausalLM (Qwen2) with one MTP layer."""
     if mtp_config.num_modules != 1:
         raise BadInputError("num_modules", mtp_config.num_modules, "1 (vLLM's MiMo MTP predicts one token)")
     if target_config.get("model_type") not in ("llama", "qwen2"):
         raise BadInputError("target model_type", target_config.get("model_type"), "llama or qwen2")
-    hidden = target_config["hidden_size"]
-    out = dict(target_tensors)
-    out.setdefault("lm_head.weight", target_tensors["model.embed_tokens.weight"])
-    for name, tensor in mtp_tensors.items():
-        rest = name.removeprefix("layers.0.")
-        part, _, leaf = rest.rpartition(".")
-        if part == "eh_proj":  # [H, 2H] over [embed; h] -> over [h; embed]
-            tensor = torch.cat([tensor[:, hidden:], tensor[:, :hidden]], dim=1)
-        out[f"model.mtp_layers.0.{MIMO_NAMES.get(part, part)}.{leaf}"] = tensor
-    for prefix in [f"model.layers.{i}" for i in range(target_config["num_hidden_layers"])] + [
-        "model.mtp_layers.0"
-    ]:
-        for proj in QKV:
-            weight = out[f"{prefix}.self_attn.{proj}.weight"]
-            out.setdefault(
-                f"{prefix}.self_attn.{proj}.bias", torch.zeros(weight.shape[0], dtype=weight.dtype)
-            )
-    config = {
+    return {
         **target_config,
         "architectures": ["MiMoForCausalLM"],
         "model_type": "qwen2",
@@ -162,7 +182,43 @@ def to_mimo(
         "num_nextn_predict_layers": 1,
         PROVENANCE_KEY: asdict(mtp_config),
     }
-    return config, out
+
+
+def mimo_target(tensors: dict[str, torch.Tensor], target_names: Collection[str]) -> dict[str, torch.Tensor]:
+    """Some of the target's tensors (one shard, or all) as MiMoForCausalLM's: with zero q/k/v biases where
+    the target has none (`target_names`: every tensor the target holds, whichever shard) and the LM head
+    written out where the target ties it to the embedding (MiMo does not tie)."""
+    out = dict(tensors)
+    if "lm_head.weight" not in target_names and "model.embed_tokens.weight" in tensors:
+        out["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+    out.update(_zero_biases(tensors, target_names))
+    return out
+
+
+def mimo_module(mtp_tensors: dict[str, torch.Tensor], hidden: int) -> dict[str, torch.Tensor]:
+    """Our module 0 as `model.mtp_layers.0.*` (a Llama block's zero q/k/v biases included)."""
+    out = {}
+    for name, tensor in mtp_tensors.items():
+        rest = name.removeprefix("layers.0.")
+        part, _, leaf = rest.rpartition(".")
+        if part == "eh_proj":  # [H, 2H] over [embed; h] -> over [h; embed]
+            tensor = torch.cat([tensor[:, hidden:], tensor[:, :hidden]], dim=1)
+        out[f"model.mtp_layers.0.{MIMO_NAMES.get(part, part)}.{leaf}"] = tensor
+    out.update(_zero_biases(out, set(out)))
+    return out
+
+
+def _zero_biases(tensors: dict[str, torch.Tensor], names: Collection[str]) -> dict[str, torch.Tensor]:
+    """A zero bias for each decoder block's q/k/v weight in `tensors` whose bias is not in `names`."""
+    out = {}
+    for name, weight in tensors.items():
+        block, _, leaf = name.partition(".self_attn.")
+        if not block.startswith(("model.layers.", "model.mtp_layers.")) or leaf not in QKV_WEIGHTS:
+            continue
+        bias = name.removesuffix(".weight") + ".bias"
+        if bias not in names:
+            out[bias] = torch.zeros(weight.shape[0], dtype=weight.dtype)  # [out_features]
+    return out
 
 
 def from_mimo(config: dict, tensors: dict[str, torch.Tensor]) -> tuple[MtpConfig, dict[str, torch.Tensor]]:

@@ -247,8 +247,7 @@ def test_mtp_export_refuses_another_target(target, tmp_path, capsys):
 def test_mtp_mimo_layout_is_the_target_as_qwen2_plus_one_module(target, tmp_path, capsys):
     """vLLM serves this as MiMo MTP: the target written as Qwen2 with zero q/k/v biases must decode
     exactly like the target, and the module must read back exactly; two modules are refused."""
-    from safetensors.torch import load_file
-
+    from draftsmith.runtime.core.checkpoint_index import Checkpoint
     from draftsmith.runtime.heads.mtp_layout import from_mimo
 
     torch.manual_seed(0)
@@ -258,7 +257,8 @@ def test_mtp_mimo_layout_is_the_target_as_qwen2_plus_one_module(target, tmp_path
     assert main(["export", str(tmp_path / "mtp"), "--format", "mtp-mimo", "--out", str(out)]) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["MiMoForCausalLM"] and config["model_type"] == "qwen2"
-    tensors = load_file(str(out / "model.safetensors"))
+    index = Checkpoint.open(out)  # sharded, through model.safetensors.index.json
+    tensors = index.read(list(index.weight_map))
     assert (
         "model.mtp_layers.0.input_proj.weight" in tensors
         and "model.layers.0.self_attn.q_proj.bias" in tensors
