@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_names, weights_hash_of_tensors
+from draftsmith.runtime.core.block_fp8 import block_fp8_of, load_block_fp8_model
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of, find_family
 from draftsmith.runtime.core.kv_cache import KVCache
@@ -174,6 +175,11 @@ class Target(TargetPieces):
                 from draftsmith.runtime.core.placement import load_tensor_parallel
 
                 model = load_tensor_parallel(resolved.path, config, layout, torch_dtype, dev)
+            elif block_fp8_of(config) is not None:  # DeepSeek-V3/R1's FP8 as published: read dequantized
+                from draftsmith.runtime.core.checkpoint_index import Checkpoint
+
+                checkpoint = Checkpoint.open(resolved.path)
+                model = load_block_fp8_model(checkpoint, config, torch_dtype, family.attention).to(dev)
             else:
                 model = AutoModelForCausalLM.from_pretrained(
                     resolved.path, dtype=torch_dtype, attn_implementation=family.attention
