@@ -22,13 +22,15 @@ terms (MEMORY_TERMS: EAGLE-3's unroll, MTP's modules, Medusa's heads):
   chunked cross-entropy reads (MTP: [N, V] log-softmax and probabilities), and a working set (a chunk
   recomputed in backward, backward's first gradients, a step recomputed under activation checkpointing).
 
-Peak = resident + the larger of batch building and the step. Positions count as supervised everywhere
-and rows at full length (the worst case). `Setup.tp` > 1 is `target_placement=tp` over that many ranks
-(runtime/core/placement.py: the layers split, the embedding, final norm and LM head whole on every rank); the
-report also tries it as a what-if to say what would fit. Activation dtypes follow the precision: "fp32"
-(CPU runs), "amp" (autocast over float32 parameters: DDP/FSDP on GPUs), "half" (DeepSpeed's bf16 module,
-no autocast). Sizes are estimates; GB are 1e9 bytes. MoE and MLA targets (Qwen3-MoE, Mixtral, DeepSeek-V3)
-take their weights per rank, KV cache and layer working set from train/preflight_families.py.
+Peak = resident + the larger of batch building and the step (+ on a GPU: CUDA context, NCCL buffers,
+allocator slack); an offline run yet to capture adds a capture phase (train/preflight_capture.py).
+Positions count as supervised everywhere and rows at full length (the worst case). `Setup.tp` > 1 is
+`target_placement=tp` over that many ranks (runtime/core/placement.py: the layers split, the embedding,
+final norm and LM head whole on every rank); the report also tries it as a what-if to say what would fit.
+Activation dtypes follow the precision: "fp32" (CPU runs), "amp" (autocast over float32 parameters:
+DDP/FSDP on GPUs), "half" (DeepSpeed's bf16 module, no autocast). Sizes are estimates; GB are 1e9 bytes.
+MoE and MLA targets (Qwen3-MoE, Mixtral, DeepSeek-V3) take their weights per rank, KV cache and layer
+working set from train/preflight_families.py.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from draftsmith.train.preflight_bytes import (  # noqa: F401 (Term, count: re-ex
     Term,
     act_bytes,
     count,
+    gpu_overheads,
     kernel_saved,
     layer_saved,
     linear_inputs,
@@ -169,7 +172,10 @@ def estimate(shapes: TargetShapes, knobs: Knobs, setup: Setup, head_params: int 
         head_params = head_parameters(shapes, knobs)
     terms = resident_terms(shapes, knobs, setup, head_params)
     terms += MEMORY_TERMS[knobs.memory](shapes, knobs, setup)  # the kind's own terms (objective.memory)
-    return Estimate(shapes, knobs, setup, terms, head_params)
+    est = Estimate(shapes, knobs, setup, terms, head_params)
+    if setup.device == "cuda":  # CUDA context, NCCL buffers, allocator slack (preflight_bytes.py)
+        terms.append(gpu_overheads(est.peak, setup.world_size, setup.tp))
+    return est
 
 
 def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) -> list[Term]:
@@ -188,14 +194,8 @@ def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) ->
         weights = s.arch.weights_per_rank(whole, setup.tp)
         what_if = " (what-if)" if tp_is_what_if(s) else ""  # DeepSeek-V3: the TP loader refuses it
         where = s.arch.describe() + (f"; TP split over {setup.tp} ranks{what_if}" if setup.tp > 1 else "")
-    terms = [
-        Term(
-            "target weights",
-            weights,
-            f"{count(s.params)} params x {s.dtype_bytes} B, {where}",
-            "resident",
-        )
-    ]
+    how = f"{count(s.params)} params x {s.dtype_bytes} B, {where}"
+    terms = [Term("target weights", weights, how, "resident")]
     terms += trainable_terms("head", head_params, 4, setup, with_params=True)
     if k.cotrain == "lora":
         terms += trainable_terms("LoRA", lora_parameters(s, k.lora_rank, k.lora_modules), 4, setup, True)

@@ -10,6 +10,7 @@ Tests: tests/train/test_preflight.py (against torch's measured peaks on CPU).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from draftsmith.train.preflight_shapes import TargetShapes
@@ -81,3 +82,31 @@ def ttt_kernel(s: TargetShapes, device: str) -> str:
     if device == "cpu":
         return "flash"  # the CPU flash kernel takes a mask and GQA
     return "math" if s.heads != s.kv_heads else "flash"
+
+
+# ---- fixed GPU overheads ------------------------------------------------------------------------------
+# Estimates, not measurements (no GPU run here checked them; the table labels the row as one). On a CPU, 0.
+CUDA_CONTEXT = 1.0e9  # one process's CUDA context: ~0.3-0.7 GB with CUDA's lazy module loading (PyTorch
+#   pytorch/pytorch#86509 measured 287 MB lazy vs 667 MB eager), ~0.5-1 GB on an H100 with recent drivers
+#   once cuBLAS/cuBLASLt workspaces and kernels load: the high end, so a "fits" stays one
+NCCL_BUFFSIZE = 4 << 20  # NCCL's NCCL_BUFFSIZE default (4 MiB, its env docs): per channel and peer
+NCCL_CHANNELS = 32  # channels NCCL opens on an NVLink/NVSwitch node (its MAXCHANNELS cap)
+NCCL_PEERS = 2  # a ring's neighbours: a receive and a send connection per channel
+ALLOCATOR_SLACK = 0.05  # PyTorch's caching allocator: reserved beyond allocated (blocks rounded up, split
+#   blocks that cannot merge), a fraction of the rest of the peak; a few % to ~15% in long runs,
+#   lower with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+
+
+def gpu_overheads(peak: float, world: int, tp: int) -> Term:
+    """CUDA context + NCCL buffers + allocator slack of one process on a GPU, over a `peak` of counted
+    tensors: one NCCL communicator for the world (world > 1) and one for a TP group (tp > 1), each
+    NCCL_BUFFSIZE (the environment's, else 4 MiB) x channels x peers (the Simple protocol's buffers)."""
+    buffsize = int(os.environ.get("NCCL_BUFFSIZE", NCCL_BUFFSIZE))
+    communicators = (world > 1) + (tp > 1)
+    nccl = communicators * buffsize * NCCL_CHANNELS * NCCL_PEERS
+    slack = ALLOCATOR_SLACK * peak
+    how = (
+        f"estimates: CUDA context {CUDA_CONTEXT / 1e9:.1f} GB + NCCL {communicators} x {buffsize >> 20} MiB "
+        f"x {NCCL_CHANNELS} channels x {NCCL_PEERS} peers + allocator slack {ALLOCATOR_SLACK:.0%} of the rest"
+    )
+    return Term("fixed GPU overheads (estimate)", CUDA_CONTEXT + nccl + slack, how, "resident")

@@ -4,10 +4,11 @@
         target=meta-llama/Llama-3.3-70B-Instruct data.max_length=4096 --world-size 8
 
 `--preflight` prints one column per strategy (DDP, ZeRO-2, ZeRO-3, FSDP2 over the ranks) and exits 0,
-reading nothing but the target's config.json. A training run estimates its own strategy before the
-target loads (`check_before_load`) and refuses with exit code 2 when the estimate exceeds the device's
-memory (a GPU's free memory, `train.preflight_device_gb`, or on a CPU the RAM per local process), naming
-the largest terms, what would fit, and `train.preflight=warn` to try anyway.
+reading nothing but the target's config.json (offline, also its tokenizer if here, to look for the
+capture; a missing capture adds its phase: train/preflight_capture.py). A training run estimates its own
+strategy before the target loads (`check_before_load`) and refuses with exit code 2 when the estimate
+exceeds the device's memory (a GPU's free memory, `train.preflight_device_gb`, or on a CPU the RAM per
+local process), naming the largest terms, what would fit, and `train.preflight=warn` to try anyway.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, renamed_fields
 from draftsmith.train.objectives import objective
 from draftsmith.train.preflight import Estimate, Knobs, Setup, count, estimate
+from draftsmith.train.preflight_bytes import CUDA_CONTEXT
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters
 
 log = logging.getLogger("draftsmith")
@@ -70,9 +72,10 @@ def device_budget(cfg, device: torch.device | None, local_ranks: int = 1) -> Bud
     gb = cfg.train.preflight_device_gb
     if gb is not None:
         return Budget(gb * GB, f"{gb:g} GB (train.preflight_device_gb)")
-    if device is not None and device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return Budget(free, f"{fmt(free)} free of {fmt(total)} on {device}")
+    if device is not None and device.type == "cuda":  # this process's context is taken already, and
+        free, total = torch.cuda.mem_get_info(device)  # counted in the estimate: add it back
+        where = f"{fmt(free)} free of {fmt(total)} on {device}, + {fmt(CUDA_CONTEXT)}: its own CUDA context"
+        return Budget(free + CUDA_CONTEXT, where)
     if device is not None and device.type == "cpu":
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         shared = f" / {local_ranks} processes" if local_ranks > 1 else ""
@@ -110,15 +113,20 @@ def header(est: Estimate, budget: Budget) -> list[str]:
     ]
 
 
-def table(estimates: list[Estimate], budget: Budget) -> str:
-    """Terms as rows, one column per estimate (strategy); the formulas when there is one column."""
+def table(estimates: list[Estimate], budget: Budget, capture=None) -> str:
+    """Terms as rows, one column per estimate (strategy); the formulas when there is one column. With a
+    `capture` phase (train/preflight_capture.py CapturePhase), its rows first and the peak their max."""
     names = list(dict.fromkeys(t.name for e in estimates for t in e.terms))
     cols = [
         STRATEGY_NAMES[e.setup.strategy] + (f" TP={e.setup.tp}" if e.setup.tp > 1 else "") for e in estimates
     ]
     width = max(len(n) for n in names) + 2
+    if capture is not None:
+        width = max([width, 36] + [len(t.name) + 2 for t in capture.estimate.terms])
     lines = header(estimates[0], budget)
     lines.append(" " * width + "".join(f"{c:>13}" for c in cols))
+    if capture is not None:
+        lines += capture.rows(len(estimates), width) + ["training phase:"]
     for phase, title in PHASES:
         rows = [n for n in names if any(t.name == n and t.phase == phase for e in estimates for t in e.terms)]
         if not rows:
@@ -132,10 +140,12 @@ def table(estimates: list[Estimate], budget: Budget) -> str:
                 how = how or (term.how if term else "")
             note = f"  {how}" if len(estimates) == 1 else ""
             lines.append(f"  {name:<{width - 2}}" + "".join(f"{c:>13}" for c in cells) + note)
-    lines.append(
-        f"{'peak = resident + max(batch, step)':<{width}}" + "".join(f"{fmt(e.peak):>13}" for e in estimates)
-    )
-    verdict = ["fits" if e.peak <= budget.bytes else "NO" for e in estimates]
+    label = "peak = resident + max(batch, step)" if capture is None else "training peak"
+    lines.append(f"{label:<{width}}" + "".join(f"{fmt(e.peak):>13}" for e in estimates))
+    peaks = [e.peak if capture is None else max(e.peak, capture.estimate.peak) for e in estimates]
+    if capture is not None:
+        lines.append(f"{'peak = max(capture, training)':<{width}}" + "".join(f"{fmt(p):>13}" for p in peaks))
+    verdict = ["fits" if p <= budget.bytes else "NO" for p in peaks]
     lines.append(f"{f'fits in {fmt(budget.bytes)}?':<{width}}" + "".join(f"{v:>13}" for v in verdict))
     return "\n".join(lines)
 
@@ -312,6 +322,7 @@ def preflight_report(cfg, world_size: int | None = None) -> str:
     """`draftsmith train --preflight`: the table for every strategy over the ranks, and what would fit
     under the best one; reads the target's config.json only."""
     from draftsmith.runtime.core.placement import check_placement
+    from draftsmith.train.preflight_capture import capture_phase, offline_advice
 
     cuda = torch.cuda.is_available()
     device = "cpu" if cfg.device == "cpu" else "cuda"  # without a GPU the table models one
@@ -327,12 +338,21 @@ def preflight_report(cfg, world_size: int | None = None) -> str:
     here = torch.device("cpu") if device == "cpu" else torch.device("cuda", 0) if cuda else None
     budget = device_budget(cfg, here)
     best = min(estimates, key=lambda e: e.peak)
-    lines = [table(estimates, budget)]
+    capture = capture_phase(cfg, shapes, knobs, estimates[0].setup)  # offline, no finished capture yet
+    lines = [table(estimates, budget, capture)]
+    if capture is not None and capture.estimate.peak > budget.bytes:
+        what = "; ".join(f"{t.name} {fmt(t.bytes)}" for t in capture.estimate.largest(3))
+        lines.append(f"the capture phase does not fit ({capture.where()}); the largest terms: {what}")
+        lines.append("what would fit the capture:\n  " + "\n  ".join(capture.advice(budget)))
     if best.peak > budget.bytes:
         what = "; ".join(f"{t.name} {fmt(t.bytes)}" for t in best.largest(3))
         lines.append(
             f"does not fit under any strategy; the largest terms "
             f"({STRATEGY_NAMES[best.setup.strategy]}): {what}"
         )
-        lines.append("what would fit:\n  " + "\n  ".join(would_fit(best, budget.bytes)))
+        fits = would_fit(best, budget.bytes)
+        if any(line.startswith("data.mode=offline") for line in fits):  # and its capture, planned
+            at = next(i for i, line in enumerate(fits) if line.startswith("data.mode=offline")) + 1
+            fits[at:at] = offline_advice(cfg, shapes, knobs, best.setup, budget)
+        lines.append("what would fit:\n  " + "\n  ".join(fits))
     return "\n".join(lines)
