@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from draftsmith.runtime.core.config import load_config
-from draftsmith.runtime.core.errors import BadInputError, check_output_dir
+from draftsmith.runtime.core.errors import BadInputError, Needs, check_needs, check_output_dir
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import HeadSection
 
@@ -131,6 +131,30 @@ class LogConfig:
     progress: bool = True  # the tqdm bar
 
 
+def _offline_only(key: str, unset: tuple) -> Needs:
+    return Needs(
+        f"data.{key}",
+        "data.mode=offline",
+        lambda c: getattr(c.data, key),
+        lambda c: c.data.mode == "offline",
+        unset,
+    )
+
+
+# Keys that act only in one mode (runtime/core/errors.py Needs): set without it, refused naming it.
+NEEDS = (
+    _offline_only("storage_dtype", ("bfloat16",)),  # the capture's storage: online steps run the target
+    _offline_only("fp8_last_hidden", (False,)),
+    _offline_only("fp8_bf16_layers", ([],)),
+    Needs(
+        "train.activation_checkpointing",
+        "train.ttt_attention=decomposed",
+        lambda c: c.train.activation_checkpointing,
+        lambda c: c.train.ttt_attention == "decomposed",
+    ),
+)
+
+
 @dataclass
 class TrainConfig:
     target: str = "smollm2-135m"  # alias, folder, Hub id or .gguf
@@ -202,10 +226,6 @@ class TrainConfig:
             raise BadInputError("train.weight_decay", t.weight_decay, "a number >= 0")
         if t.preflight_device_gb is not None and not t.preflight_device_gb > 0:
             raise BadInputError("train.preflight_device_gb", t.preflight_device_gb, "a number of GB > 0")
-        if t.activation_checkpointing and t.ttt_attention == "dense":
-            raise BadInputError(
-                "train.activation_checkpointing", True, "false with train.ttt_attention=dense (decomposed)"
-            )
         if t.process_group_timeout_s < 1:
             raise BadInputError("train.process_group_timeout_s", t.process_group_timeout_s, "seconds >= 1")
         loading = {"train.bucket_batches": t.bucket_batches, "train.loader_workers": t.loader_workers}
@@ -223,6 +243,7 @@ class TrainConfig:
             raise BadInputError(
                 "data.validation_fraction", self.data.validation_fraction, "a number in [0, 1)"
             )
+        check_needs(self, NEEDS)
         self._validate_storage()
         check_output_dir("output_dir", self.output_dir)  # a file there fails now, not after the data steps
         return self

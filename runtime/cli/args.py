@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from draftsmith.runtime.core.errors import check_output_dir, check_output_file
+from draftsmith.runtime.core.errors import check_needs, check_output_dir, check_output_file, flag_needs
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -29,6 +29,18 @@ def check_outputs(args: argparse.Namespace) -> None:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             check(flag, value)
+
+
+def declare_needs(p: argparse.ArgumentParser, *rules) -> None:
+    """Options of `p` that act only in one mode (runtime/core/errors.py `Needs`), added to its table."""
+    p.set_defaults(needs=[*(p.get_default("needs") or []), *rules])
+
+
+def check_parsed(args: argparse.Namespace) -> None:
+    """What a command line alone decides, checked once after parsing and before any work: no option
+    without the mode it needs, every output path writable."""
+    check_needs(args, getattr(args, "needs", ()))
+    check_outputs(args)
 
 
 def int_arg(name: str):
@@ -116,4 +128,9 @@ def add_quantize_args(p: argparse.ArgumentParser) -> None:
         type=int_arg("--draft-group-size"),
         default=None,
         help="--group-size for the draft",
+    )
+    declare_needs(
+        p,
+        flag_needs("--group-size", "--quantize int4", lambda a: a.quantize == "int4"),
+        flag_needs("--draft-group-size", "--quantize-draft int4", lambda a: a.quantize_draft == "int4"),
     )

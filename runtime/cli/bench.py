@@ -12,10 +12,11 @@ from draftsmith.runtime.cli.args import (
     add_cpu_linears_arg,
     add_quantize_args,
     add_target_args,
+    declare_needs,
     declare_outputs,
     int_arg,
 )
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.errors import BadInputError, flag_needs
 
 
 def number_list(name: str, kind):
@@ -133,6 +134,7 @@ def add_bench(sub) -> None:
         "that launched it (costs a stall per phase; CPU runs are exact without it)",
     )
     declare_outputs(p, dirs=("--out",))
+    declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)))
     p.set_defaults(run=run_bench_cli)
 
 

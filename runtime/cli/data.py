@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import argparse
 
-from draftsmith.runtime.cli.args import Formatter, add_target_args, declare_outputs, finite_float_arg, int_arg
+from draftsmith.runtime.cli.args import (
+    Formatter,
+    add_target_args,
+    declare_needs,
+    declare_outputs,
+    finite_float_arg,
+    int_arg,
+)
+from draftsmith.runtime.core.errors import flag_needs
 
 
 def add_data(sub) -> None:
@@ -129,6 +137,10 @@ def add_data(sub) -> None:
     add_placement_args(cap)
     add_engine_args(cap)
     declare_outputs(cap, dirs=("--out",))  # checked before the step starts
+    fp8_flags = ("--fp8-last-hidden", "--fp8-bf16-layers")
+    declare_needs(
+        cap, *(flag_needs(f, "--storage-dtype fp8", lambda a: a.storage_dtype == "fp8") for f in fp8_flags)
+    )
     cap.set_defaults(run=_run_data("capture"))
 
     voc = steps.add_parser(

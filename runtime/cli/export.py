@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from draftsmith.runtime.cli.args import Formatter, declare_outputs
+from draftsmith.runtime.cli.args import Formatter, declare_needs, declare_outputs
+from draftsmith.runtime.core.errors import flag_needs
 
 INTRO = (
     "Export a head folder (or a run folder: its final/) in a layout engines load. Every export is\n"
@@ -107,6 +108,13 @@ def add_export(sub) -> None:
     p.add_argument("--private", action="store_true", help="create the Hub repository private")
     p.add_argument("--revision", help="Hub branch to push to (created if missing)")
     declare_outputs(p, dirs=("--out",))
+    declare_needs(
+        p,
+        *(
+            flag_needs(f, "--push-to-hub", lambda a: a.push_to_hub is not None)
+            for f in ("--private", "--revision")
+        ),
+    )
     p.set_defaults(run=run_export)
 
 

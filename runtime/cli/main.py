@@ -22,7 +22,8 @@ from draftsmith.runtime.cli.args import (
     add_cpu_linears_arg,
     add_quantize_args,
     add_target_args,
-    check_outputs,
+    check_parsed,
+    declare_needs,
     declare_outputs,
     finite_float_arg,
     int_arg,
@@ -31,7 +32,7 @@ from draftsmith.runtime.cli.bench import add_bench
 from draftsmith.runtime.cli.data import add_data
 from draftsmith.runtime.cli.export import add_export
 from draftsmith.runtime.cli.ssd import add_ssd_args
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, flag_needs
 
 DRAFT_HELP = (
     "none (plain decoding), ngram (prompt lookup), suffix[:depth=D,...] (suffix decoding: frequency trees "
@@ -104,6 +105,7 @@ def add_generate(sub) -> None:
     add_quantize_args(p)
     add_ssd_args(p)  # runtime/cli/ssd.py
     declare_outputs(p, files=("--ssd-trace",))
+    declare_needs(p, flag_needs("--tree", "--draft", lambda a: a.draft != "none"))
     p.set_defaults(run=run_generate)
 
 
@@ -304,6 +306,7 @@ def add_train(sub) -> None:
         help="--preflight: ranks to estimate for (default: WORLD_SIZE, the GPUs here, else 8)",
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
+    declare_needs(p, flag_needs("--world-size", "--preflight", lambda a: a.preflight))
     p.set_defaults(run=run_train)
 
 
@@ -360,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
     args.argv = sys.argv[1:] if argv is None else list(argv)  # what reports quote as the command
     try:
-        check_outputs(args)  # every output path, before any work (runtime/cli/args.py)
+        check_parsed(args)  # options without their mode, output paths: before any work (cli/args.py)
         args.run(args)
     except DraftsmithError as err:
         print(f"draftsmith {args.verb}: error: {err}", file=sys.stderr)

@@ -16,8 +16,11 @@ import argparse
 import json
 from pathlib import Path
 
-from draftsmith.runtime.cli.args import int_arg
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.cli.args import declare_needs, int_arg
+from draftsmith.runtime.core.errors import BadInputError, flag_needs
+
+# --ssd-fanout and --ssd-saguaro when unset (their flags default to None: set without --ssd is refused)
+DEFAULT_FANOUT, DEFAULT_SAGUARO = 8, 1.0
 
 
 def add_ssd_args(p: argparse.ArgumentParser) -> None:
@@ -30,18 +33,21 @@ def add_ssd_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ssd-fanout",
         type=int_arg("--ssd-fanout"),
-        default=8,
-        help="outcomes pre-drafted per cycle, spread geometrically over accepted lengths 0..K (>= K+1)",
+        default=None,
+        help=f"with --ssd: outcomes pre-drafted per cycle, spread geometrically over accepted lengths 0..K "
+        f"(>= K+1); unset: {DEFAULT_FANOUT}",
     )
     p.add_argument(
         "--ssd-saguaro",
         type=float,
-        default=1.0,
-        help="draft-law adjustment in (0, 1]: the planned candidates' draft mass is scaled by it (sampled "
-        "chains at temperature > 0), so rejections land on cached drafts; 1 = off",
+        default=None,
+        help="with --ssd: draft-law adjustment in (0, 1]: the planned candidates' draft mass is scaled by it "
+        "(sampled chains at temperature > 0), so rejections land on cached drafts; 1 = off (unset: 1)",
     )
     p.add_argument(
-        "--ssd-trace", help="write one JSON line per verified cycle (the replay simulator's input)"
+        "--ssd-trace",
+        help="with --ssd: write one JSON line per verified cycle (the replay simulator's input), after the "
+        "rows are printed",
     )
     p.add_argument(
         "--draft-process",
@@ -49,29 +55,44 @@ def add_ssd_args(p: argparse.ArgumentParser) -> None:
         help="run the drafter in its own process (torch.distributed, gloo); with --ssd it pre-drafts while "
         "the target verifies",
     )
-    p.add_argument("--draft-device", help="the drafter process's device: cpu (default) or cuda[:INDEX]")
+    p.add_argument(
+        "--draft-device",
+        help="with --draft-process: the drafter process's device: cpu (default) or cuda[:INDEX]",
+    )
     p.add_argument(
         "--draft-fallback",
         action="store_true",
-        help="if the drafter process dies, continue with the drafter in process (else: an error)",
+        help="with --draft-process: if the drafter process dies, continue with the drafter in process (else: "
+        "an error)",
+    )
+    ssd, process = (lambda a: a.ssd), (lambda a: a.draft_process)
+    declare_needs(
+        p,
+        *(flag_needs(flag, "--ssd", ssd) for flag in ("--ssd-fanout", "--ssd-saguaro", "--ssd-trace")),
+        *(flag_needs(flag, "--draft-process", process) for flag in ("--draft-device", "--draft-fallback")),
     )
 
 
+def fanout(args) -> int:
+    return DEFAULT_FANOUT if args.ssd_fanout is None else args.ssd_fanout
+
+
+def saguaro(args) -> float:
+    return DEFAULT_SAGUARO if args.ssd_saguaro is None else args.ssd_saguaro
+
+
 def uses_ssd(args) -> bool:
-    return bool(args.ssd or args.draft_process or args.draft_device is not None)
+    return bool(args.ssd or args.draft_process)
 
 
 def check_args(args, tree, auto_depth: int) -> int:
-    """-> the chain depth K. Everything that needs no target is checked here."""
+    """-> the chain depth K. Everything that needs no target is checked here (an --ssd-* or --draft-* flag
+    without --ssd / --draft-process is refused after parsing: runtime/cli/args.py check_parsed)."""
     from draftsmith.runtime.drafters.draft_process import check_draft_device, check_process_spec
     from draftsmith.runtime.drafters.drafting import default_depth
     from draftsmith.runtime.verify.ssd_fanout import check_budget
     from draftsmith.runtime.verify.tree import chain
 
-    if args.draft_device is not None and not args.draft_process:
-        raise BadInputError(
-            "--draft-device", args.draft_device, "--draft-process as well (the drafter's own)"
-        )
     if args.draft == "none":
         raise BadInputError("--draft", "none", "a drafter with --ssd / --draft-process")
     if auto_depth or args.cuda_graphs:
@@ -81,8 +102,8 @@ def check_args(args, tree, auto_depth: int) -> int:
     if tree is not None and tree != chain(depth):
         raise BadInputError("--tree", args.tree, "chain:K with --ssd / --draft-process")
     if args.ssd:
-        check_budget(args.ssd_fanout, depth)
-        if not 0.0 < args.ssd_saguaro <= 1.0:  # NaN fails too
+        check_budget(fanout(args), depth)
+        if not 0.0 < saguaro(args) <= 1.0:  # NaN fails too
             raise BadInputError("--ssd-saguaro", args.ssd_saguaro, "a number in (0, 1] (1 = off)")
     if args.draft_process:
         check_draft_device(args.draft_device or "cpu")
@@ -100,19 +121,18 @@ def build(args, target, depth: int):
         proto = build_drafter(args.draft, target, chain(depth))
         if not args.ssd:
             return proto
-        return SsdDrafter(clone_factory(proto), depth, args.ssd_fanout, saguaro=args.ssd_saguaro)
+        return SsdDrafter(clone_factory(proto), depth, fanout(args), saguaro=saguaro(args))
 
     if not args.draft_process:
         return in_process()
-    fanout = args.ssd_fanout if args.ssd else 0
     config = DraftConfig(
         args.target,
         args.draft,
         depth,
-        fanout,
+        fanout(args) if args.ssd else 0,
         args.draft_device or "cpu",
         args.dtype,
-        saguaro=args.ssd_saguaro,
+        saguaro=saguaro(args),
     )
     return RemoteDrafter(config, fallback=in_process if args.draft_fallback else None)
 

@@ -6,13 +6,20 @@ reading a stack trace. `DraftsmithError` covers everything else we can explain (
 The readers of user files live here too, so a bad file is refused the same way everywhere:
 `read_text` (UTF-8), `read_json`, and `check_output_dir` / `check_output_file` for an output folder or file,
 checked before the work (every verb's outputs: runtime/cli/args.py `declare_outputs`).
+
+`Needs` / `check_needs`: an option that acts only in one mode (`--ssd-trace` with `--ssd`, `--group-size`
+with `--quantize int4`, `data.storage_dtype` in offline training) is refused when set without it, naming
+what it needs; each verb's table is checked once, right after parsing (runtime/cli/args.py `declare_needs`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 class DraftsmithError(Exception):
@@ -97,6 +104,41 @@ def check_output_file(field: str, path: str | Path) -> Path:
                 raise BadInputError(field, str(path), "a file path (new or existing)", f"{p} is a file")
             break
     return path
+
+
+# ---- options that act only in one mode -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Needs:
+    """`field` acts only when `needs` holds: set without it, it is refused (exit 2) naming `needs`.
+
+    `value` reads the field from what was parsed (argparse's namespace, a config); `unset` lists the values
+    that mean "not set" (matched by type and value, so 0 is not False); `on` says whether the mode is chosen.
+    """
+
+    field: str  # as the user types it: --ssd-trace, data.storage_dtype
+    needs: str  # the same: --ssd, data.mode=offline
+    value: Callable[[Any], Any]
+    on: Callable[[Any], bool]
+    unset: tuple = (None, False)
+
+    def is_set(self, value) -> bool:
+        return not any(type(value) is type(u) and value == u for u in self.unset)
+
+
+def flag_needs(flag: str, needs: str, on: Callable[[Any], bool], unset: tuple = (None, False)) -> Needs:
+    """A `Needs` for a command-line flag, read from argparse's namespace under its dest."""
+    dest = flag.lstrip("-").replace("-", "_")
+    return Needs(flag, needs, lambda args: getattr(args, dest), on, unset)
+
+
+def check_needs(parsed, rules) -> None:
+    """Refuse the first option of `rules` that is set while the mode it needs is not."""
+    for rule in rules:
+        value = rule.value(parsed)
+        if rule.is_set(value) and not rule.on(parsed):
+            raise BadInputError(rule.field, value, f"{rule.needs} as well", "it has no effect without it")
 
 
 # ---- the field the user set -----------------------------------------------------------------------------

@@ -153,3 +153,88 @@ def test_the_report_maps_short_labels_to_whole_methods(tmp_path):
     labels = report.split("Plot labels:")[1].splitlines()[0]
     assert "eagle3:/home/me/runs/head-a/final" in labels and "eagle3:/home/me/runs/head-b/final" in labels
     assert "mtp:runs/mtp/final#recursive" in labels
+
+
+# ---- issue 45 item 3: an option that has no effect in the chosen mode is refused, naming what it needs ----
+
+UNUSED = {  # case -> (argv after the verb's inputs, the option, what it needs)
+    "--group-size without --quantize": (
+        ["generate", "--group-size", "64"],
+        "--group-size",
+        "--quantize int4",
+    ),
+    "--group-size with int8": (
+        ["generate", "--quantize", "int8", "--group-size", "64"],
+        "--group-size",
+        "--quantize int4",
+    ),
+    "--draft-group-size": (
+        ["generate", "--draft-group-size", "64"],
+        "--draft-group-size",
+        "--quantize-draft int4",
+    ),
+    "--ssd-fanout": (["generate", "--draft", "ngram", "--ssd-fanout", "4"], "--ssd-fanout", "--ssd"),
+    "--ssd-saguaro": (["generate", "--draft", "ngram", "--ssd-saguaro", "0.5"], "--ssd-saguaro", "--ssd"),
+    "--ssd-trace": (["generate", "--draft", "ngram", "--ssd-trace", "t.jsonl"], "--ssd-trace", "--ssd"),
+    "--draft-device": (
+        ["generate", "--draft", "ngram", "--draft-device", "cpu"],
+        "--draft-device",
+        "--draft-process",
+    ),
+    "--draft-fallback": (
+        ["generate", "--draft", "ngram", "--draft-fallback"],
+        "--draft-fallback",
+        "--draft-process",
+    ),
+    "--tree without a draft": (["generate", "--tree", "chain:3"], "--tree", "--draft"),
+    "bench --group-size": (["bench", "--group-size", "64"], "--group-size", "--quantize int4"),
+    "bench --tree without a draft": (["bench", "--tree", "chain:3"], "--tree", "--draft"),
+    "capture --fp8-last-hidden": (
+        ["data", "capture", "--data", "d", "--out", "o", "--fp8-last-hidden"],
+        "--fp8-last-hidden",
+        "--storage-dtype fp8",
+    ),
+    "capture --fp8-bf16-layers": (
+        ["data", "capture", "--data", "d", "--out", "o", "--fp8-bf16-layers", "1"],
+        "--fp8-bf16-layers",
+        "--storage-dtype fp8",
+    ),
+    "export --private": (["export", "CKPT", "--out", "o", "--private"], "--private", "--push-to-hub"),
+    "export --revision": (
+        ["export", "CKPT", "--out", "o", "--revision", "dev"],
+        "--revision",
+        "--push-to-hub",
+    ),
+    "train --world-size": (["train", "--config", "C", "--world-size", "8"], "--world-size", "--preflight"),
+}
+
+
+@pytest.mark.parametrize("case", UNUSED)
+def test_an_option_without_its_mode_exits_2_naming_what_it_needs(tiny_dir, capsys, monkeypatch, case):
+    from draftsmith.runtime.core import target
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the target loaded before the options were checked")
+
+    monkeypatch.setattr(target.Target, "load", no_work)
+    argv, option, needs = UNUSED[case]
+    on_target = {
+        "generate": ["--target", str(tiny_dir), "--prompt", "w1"],
+        "bench": ["--target", str(tiny_dir)],
+    }
+    code = main([*argv, *on_target.get(argv[0], [])])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: {option}: got " in err and f"expected {needs} as well" in err, err
+
+
+def test_a_storage_dtype_in_online_training_is_refused(tmp_path):
+    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.train.config import load_train_config
+
+    base = [f"output_dir={tmp_path / 'run'}", "data.mode=online"]
+    with pytest.raises(
+        BadInputError, match=r"data.storage_dtype: got 'fp8', expected data.mode=offline as well"
+    ):
+        load_train_config(None, [*base, "data.storage_dtype=fp8"])
+    load_train_config(None, [f"output_dir={tmp_path / 'run'}", "data.mode=offline", "data.storage_dtype=fp8"])
