@@ -190,6 +190,16 @@ def launched(job: CaptureJob, extra: list[str]) -> str:
     return shlex.join(words + extra)
 
 
+def placement_flags(placement: str, size: int) -> list[str]:
+    """`data capture`'s own flags for a placement over groups of `size` ranks (data_recipes/tp_steps.py)."""
+    from draftsmith.data_recipes.tp_steps import FLAGS
+    from draftsmith.runtime.core.placement import SIZE_KEY
+
+    if placement == "replicate":
+        return []
+    return [FLAGS["target_placement"], placement, FLAGS[SIZE_KEY[placement]], str(size)]
+
+
 def draftsmith_replicate(job: CaptureJob) -> Iterator[CapturePlan]:
     setup = replace(job.setup, tp=1)
     est = draftsmith_capture(job.shapes, job.knobs, setup, job.aux, parts=False)
@@ -202,7 +212,7 @@ def draftsmith_replicate(job: CaptureJob) -> Iterator[CapturePlan]:
 def draftsmith_tp(job: CaptureJob) -> Iterator[CapturePlan]:
     for tp in tp_sizes(job.shapes, job.setup.world_size):  # runtime/core/placement.py check_placement's
         est = draftsmith_capture(job.shapes, job.knobs, replace(job.setup, tp=tp), job.aux, parts=False)
-        flags = ["--target-placement", "tp", "--tp-size", str(tp)]
+        flags = placement_flags("tp", tp)
         yield CapturePlan(
             f"draftsmith's engine, tensor parallel over {tp} ranks", est.peak, launched(job, flags)
         )
@@ -268,6 +278,10 @@ class CapturePhase:
             lines.append(f"  {t.name:<{width - 2}}" + f"{fmt(t.bytes):>13}" * columns + note)
         return lines + [f"{'capture peak':<{width}}" + f"{fmt(est.peak):>13}" * columns]
 
+    def own_command(self) -> str:
+        """The run's in-job capture as a command of its own (the same placement, ranks and folder)."""
+        return launched(self.job, placement_flags(self.placement, self.estimate.setup.tp))
+
     def advice(self, budget: Budget) -> list[str]:
         """What would fit the capture: the mildest plan, as a command to run before the training run."""
         plan = first_fitting(self.job, budget.bytes)
@@ -313,9 +327,9 @@ def capture_phase(cfg, shapes: TargetShapes, knobs: Knobs, setup: Setup) -> Capt
     if target is None and not cfg.data.dir:  # the default folder is keyed by the tokenizer: name one
         cfg = copy.deepcopy(cfg)
         cfg.data.dir = "DIR"
-        note = "no tokenizer of the target here to look for its capture (counted as missing)"
+        note = "no tokenizer of the target here to look for its capture, so it counts as missing"
     elif target is None:
-        note = "no tokenizer of the target here to check {} (counted as missing)"
+        note = "no tokenizer of the target here to check {}, so it counts as missing"
     else:
         found, _ = capture_state(cfg, target, aux)
         if found:

@@ -331,7 +331,7 @@ def preflight_report(cfg, world_size: int | None = None) -> str:
     if precision == "auto":
         precision = "bf16" if device == "cuda" else "no"
     shapes = load_shapes(cfg, device, resolve=False)
-    tp = check_placement(shapes.config, cfg.target_placement, cfg.tp_size, world, 0, world).tp
+    tp = check_placement(shapes.config, cfg.target_placement, cfg.tp_size, world, 0, world, cfg.ep_size).tp
     knobs = Knobs.from_config(cfg, shapes)
     strategies = ["single"] if world == 1 else ["ddp", "zero2"] + ([] if knobs.cotrain else ["zero3", "fsdp"])
     estimates = [estimate_cached(shapes, knobs, Setup(s, world, device, precision, tp)) for s in strategies]
@@ -344,6 +344,10 @@ def preflight_report(cfg, world_size: int | None = None) -> str:
         what = "; ".join(f"{t.name} {fmt(t.bytes)}" for t in capture.estimate.largest(3))
         lines.append(f"the capture phase does not fit ({capture.where()}); the largest terms: {what}")
         lines.append("what would fit the capture:\n  " + "\n  ".join(capture.advice(budget)))
+    elif capture is not None:  # the same capture as its own job, for a run that should not make it
+        steps = [capture.prepare] if capture.prepare else []
+        steps.append(capture.own_command())
+        lines.append("the capture fits in the job; to make it beforehand instead:\n  " + "\n  ".join(steps))
     if best.peak > budget.bytes:
         what = "; ".join(f"{t.name} {fmt(t.bytes)}" for t in best.largest(3))
         lines.append(

@@ -96,6 +96,15 @@ def test_with_its_capture_made_only_the_parts_count(tiny_dir, source, tmp_path, 
     out = capsys.readouterr().out
     assert f"no finished capture in {data / 'capture-0-1-2-bfloat16'}" in out
     assert "target weights (the capture)" in out and "fixed GPU overheads" not in out  # a CPU: none
+    assert "the capture fits in the job; to make it beforehand instead:" in out
+    words = shlex.split(capture_command(out))
+    assert words[:3] == ["draftsmith", "data", "capture"] and "--target-placement" not in words
+    assert words[words.index("--out") + 1] == str(data / "capture-0-1-2-bfloat16")
+    tp = ["target_placement=tp", "tp_size=2", "--world-size", "2"]  # the run's own placement, as flags
+    assert main(["train", "--preflight", *argv, *tp]) == 0
+    words = shlex.split(capture_command(capsys.readouterr().out))
+    assert words[:5] == ["torchrun", "--nproc-per-node", "2", "-m", "draftsmith.runtime.cli"]
+    assert words[-4:] == ["--target-placement", "tp", "--tp-size", "2"]
 
     config = tmp_path / "cfg.yaml"
     config.write_text("{}\n")
