@@ -233,7 +233,8 @@ def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int =
         from draftsmith.runtime.drafters.lm_drafter import load_draft_model
 
         model = spec.removeprefix("hf-assisted:")
-        return HfMethod(spec, target, assistant=load_draft_model(model, target))
+        assistant = load_draft_model(model, target, field="--baselines", prefix="hf-assisted:")
+        return HfMethod(spec, target, assistant=assistant)
     if spec == "vllm" or spec.startswith("vllm-eagle3:"):
         from draftsmith.runtime.bench.vllm_method import VllmMethod
 

@@ -34,7 +34,13 @@ import torch
 
 from draftsmith.runtime.bench.types import is_baseline
 from draftsmith.runtime.core.config import atomic_write_text, load_config, save_config
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, check_output_dir, read_json
+from draftsmith.runtime.core.errors import (
+    BadInputError,
+    DraftsmithError,
+    check_output_dir,
+    read_json,
+    renamed_fields,
+)
 from draftsmith.runtime.core.row_linear import check_mode
 
 log = logging.getLogger("draftsmith")
@@ -47,6 +53,27 @@ QUICK_TRAIN = [  # --quick: about 5 minutes of training on 2 cores
     "eval.max_rows=8",
     "checkpoint.every=20",
 ]
+
+
+# The flags of the verbs the demo runs inside (bench, export, Target.load) -> the demo key that sets them:
+# errors name what the user typed.
+DEMO_FIELDS = {
+    "--target": "target",
+    "--device": "device",
+    "--dtype": "dtype",
+    "--prompts": "prompt_set",
+    "--num-prompts": "num_prompts",
+    "--max-new-tokens": "max_new_tokens",
+    "--repeats": "repeats",
+    "--temperatures": "temperature",
+    "--cpu-linears": "cpu_linears",
+    "--baselines": "methods",
+    "--draft": "methods",
+    "--tree": "methods",
+    "method": "methods",
+    "--out": "out_dir",
+    "--format": "export_formats",
+}
 
 
 @dataclass
@@ -194,6 +221,11 @@ def train_head(cfg: DemoConfig, quick: bool):
 def demo_main(
     config_path: str | None, overrides: list[str], quick: bool = False, train: bool = False
 ) -> dict:
+    with renamed_fields(DEMO_FIELDS):  # bench's --prompts is the demo's prompt_set, ...
+        return _demo(config_path, overrides, quick, train)
+
+
+def _demo(config_path: str | None, overrides: list[str], quick: bool, train: bool) -> dict:
     from draftsmith.runtime.bench.prompt_sets import load_prompt_set
 
     cfg = load_config(DemoConfig, config_path or default_config_path(), overrides)

@@ -80,25 +80,31 @@ class QuantSpec:
         return f"int4-g{self.group_size}" if self.mode == "int4" else self.mode
 
 
+GROUP_FLAGS = {
+    "--quantize": "--group-size",
+    "--quantize-draft": "--draft-group-size",
+}  # mode flag -> its group's
+
+
 def parse_quantize(
     mode: str | None, group_size: int | None = None, field: str = "--quantize"
 ) -> QuantSpec | None:
-    """`--quantize MODE` and `--group-size G` -> a QuantSpec (None for no quantization)."""
+    """`--quantize MODE` and `--group-size G` -> a QuantSpec (None for no quantization); errors name the
+    flags the user set (`--quantize-draft` and `--draft-group-size` for the draft: GROUP_FLAGS)."""
+    group_field = GROUP_FLAGS.get(field, "--group-size")
     if mode in (None, "", "none"):
         return None
     if mode not in MODES:
         raise BadInputError(field, mode, f"one of none, {', '.join(MODES)}")
     if group_size is not None and mode != "int4":
         raise BadInputError(
-            "--group-size",
+            group_field,
             group_size,
             f"no group size with {field} {mode}",
             "int8 and fp8 scale per output row",
         )
     if group_size is not None and group_size not in INT4_GROUPS:
-        raise BadInputError(
-            "--group-size", group_size, f"one of {INT4_GROUPS} (the int4 CPU kernel's groups)"
-        )
+        raise BadInputError(group_field, group_size, f"one of {INT4_GROUPS} (the int4 CPU kernel's groups)")
     return QuantSpec(mode, group_size)
 
 
@@ -277,7 +283,7 @@ def pick_group_size(spec: QuantSpec, linears: dict[str, nn.Linear], field: str) 
         for name, lin in linears.items():
             if lin.in_features % spec.group_size:
                 raise BadInputError(
-                    "--group-size",
+                    GROUP_FLAGS.get(field, "--group-size"),
                     spec.group_size,
                     f"a group size dividing every layer's in_features (those here: {widths})",
                     f"{name} has in_features={lin.in_features}",

@@ -325,36 +325,44 @@ class LMDrafter(Drafter):
         self.cached = [self.cached[r] for r in rows]
 
 
-def load_draft_model(spec: str, target: Target, device: str = "auto", dtype: str = "auto") -> Target:
-    """Load a standalone draft LM on the target's device and dtype; refuse one whose tokenizer differs."""
+def load_draft_model(
+    spec: str,
+    target: Target,
+    device: str = "auto",
+    dtype: str = "auto",
+    field: str = "--draft",
+    prefix="model:",
+) -> Target:
+    """Load a standalone draft LM on the target's device and dtype; refuse one whose tokenizer differs.
+    Errors name what the user typed: `field` (bench's hf-assisted:X is `--baselines`) and `prefix + spec`."""
     dtype_name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
         target.dtype
     ]
-    with renamed_fields({"--target": "--draft"}, got=lambda got: f"model:{got}"):  # what the user set
+    with renamed_fields({"--target": field}, got=lambda got: f"{prefix}{got}"):  # what the user set
         draft = Target.load(spec, device=str(target.device), dtype=dtype_name)
-    check_same_tokenizer(draft, target, spec)
+    check_same_tokenizer(draft, target, spec, field, prefix)
     draft_vocab_ok = draft.vocab_size >= len(target.tokenizer)
     if not draft_vocab_ok:
-        raise BadInputError(
-            "--draft", f"model:{spec}", f"a vocabulary of at least {len(target.tokenizer)} ids"
-        )
+        raise BadInputError(field, f"{prefix}{spec}", f"a vocabulary of at least {len(target.tokenizer)} ids")
     return draft
 
 
-def check_same_tokenizer(draft: Target, target: Target, spec: str) -> None:
+def check_same_tokenizer(
+    draft: Target, target: Target, spec: str, field: str = "--draft", prefix: str = "model:"
+) -> None:
     ours, theirs = draft.tokenizer, target.tokenizer
     if ours.get_vocab() != theirs.get_vocab():
         diff = len(set(ours.get_vocab().items()) ^ set(theirs.get_vocab().items()))
         raise BadInputError(
-            "--draft",
-            f"model:{spec}",
+            field,
+            f"{prefix}{spec}",
             f"a model with {target.name}'s tokenizer",
             f"the vocabularies differ in {diff} (token, id) pairs",
         )
     if draft.eos_token_ids != target.eos_token_ids:
         raise BadInputError(
-            "--draft",
-            f"model:{spec}",
+            field,
+            f"{prefix}{spec}",
             f"EOS ids {target.eos_token_ids} like the target",
             f"got {draft.eos_token_ids}",
         )

@@ -258,8 +258,7 @@ def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]
         if "MiMoForCausalLM" in (raw.get("architectures") or ()):
             return from_mimo(raw, files)
         return from_deepseek(raw, files)[:2]
-    if raw.get("head_type") != "mtp":
-        raise BadInputError("head_type", raw.get("head_type"), "mtp")
+    check_head_type(raw)
     try:
         config = MtpConfig(**raw).validate()
     except TypeError as err:
@@ -269,6 +268,12 @@ def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]
     return config, load_tensors(folder / WEIGHTS_FILE, "mtp head")
 
 
+def check_head_type(raw: dict) -> None:
+    """Our folder says `head_type: mtp`; DeepSeek's and MiMo's model folders hold the modules inside."""
+    if "num_nextn_predict_layers" not in raw and raw.get("head_type") != "mtp":
+        raise BadInputError("head_type", raw.get("head_type"), "mtp")
+
+
 def num_modules(folder: str | Path) -> int:
     """How many modules a head folder holds, from its config alone (a DeepSeek-V3 MTP layer is ~11 GB:
     a default tree is chosen before the weights load). Our layout's `num_modules`, DeepSeek's and MiMo's
@@ -276,6 +281,7 @@ def num_modules(folder: str | Path) -> int:
     from draftsmith.runtime.core.errors import read_json
 
     raw = read_json(Path(folder) / CONFIG_FILE, "mtp head")
+    check_head_type(raw)  # another kind's folder is named as such, before its missing module count
     value = raw.get("num_modules", raw.get("num_nextn_predict_layers"))
     if not isinstance(value, int) or value < 1:
         raise BadInputError(f"{Path(folder) / CONFIG_FILE}: num_modules", value, "an integer >= 1")

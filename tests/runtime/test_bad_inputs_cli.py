@@ -238,3 +238,61 @@ def test_a_storage_dtype_in_online_training_is_refused(tmp_path):
     ):
         load_train_config(None, [*base, "data.storage_dtype=fp8"])
     load_train_config(None, [f"output_dir={tmp_path / 'run'}", "data.mode=offline", "data.storage_dtype=fp8"])
+
+
+# ---- issue 45 item 4: errors name the field the user typed ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eagle3_head(tiny_target, tmp_path_factory):
+    from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
+    from draftsmith.runtime.heads.eagle3 import save_head as save_eagle3
+
+    folder = tmp_path_factory.mktemp("e3") / "head"
+    torch.manual_seed(0)
+    save_eagle3(Eagle3Head(Eagle3Config.for_target(tiny_target, aux_layer_ids=[0, 1, 2])), folder)
+    return folder
+
+
+def test_a_bad_draft_group_size_names_draft_group_size(tiny_dir, capsys):
+    extra = ["--draft", "model:x", "--quantize-draft", "int4", "--draft-group-size", "7"]
+    code, out, err = generate(tiny_dir, capsys, *extra)
+    assert code == 2, err
+    assert "error: --draft-group-size: got 7, expected one of" in err, err
+
+
+def test_an_eagle3_folder_as_mtp_names_head_type(tiny_dir, eagle3_head, capsys):
+    for tree in ([], ["--tree", "chain:1"]):  # the default tree reads the head's depth first
+        code, out, err = generate(tiny_dir, capsys, "--draft", f"mtp:{eagle3_head}", *tree)
+        assert code == 2, err
+        assert "error: head_type: got 'eagle3', expected mtp" in err, err
+
+
+def test_a_missing_assistant_model_names_baselines(tiny_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "w1 w2"}\n')
+    missing = tmp_path / "MISSING"
+    argv = ["bench", "--target", str(tiny_dir), "--prompts", f"jsonl:{prompts}", "--num-prompts", "1"]
+    argv += ["--baselines", f"plain,hf-assisted:{missing}", "--no-roofline", "--out", str(tmp_path / "b")]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: --baselines: got 'hf-assisted:{missing}', expected an existing model folder" in err, err
+    assert "--draft" not in err
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("prompt_set=nope", "prompt_set"),
+        ("target=/nowhere", "target"),
+        ("device=tpu", "device"),
+        ("temperature=-1", "temperature"),
+    ],
+)
+def test_demo_errors_name_the_demo_key(override, field, capsys):
+    """The demo runs bench and export inside: their errors are renamed to the config key the user set."""
+    code = main(["demo", override])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"draftsmith demo: error: {field}: got " in err, err
