@@ -257,7 +257,12 @@ def add_demo(sub) -> None:
     p.add_argument("--config", help="YAML demo config (default: the packaged demo-smollm2-135m.yaml)")
     p.add_argument("--quick", action="store_true", help="a 40-step head and 4 prompts x 32 tokens")
     p.add_argument("--train", action="store_true", help="train a new head (train_config) instead of `head`")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. num_prompts=20")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, anywhere on the line, e.g. num_prompts=20",
+    )
     p.set_defaults(run=run_demo)
 
 
@@ -305,7 +310,12 @@ def add_train(sub) -> None:
         type=int_arg("--world-size"),
         help="--preflight: ranks to estimate for (default: WORLD_SIZE, the GPUs here, else 8)",
     )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.lr=1e-4")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="config overrides, anywhere on the line, e.g. train.lr=1e-4",
+    )
     declare_needs(p, flag_needs("--world-size", "--preflight", lambda a: a.preflight))
     p.set_defaults(run=run_train)
 
@@ -344,6 +354,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """argparse, with a verb's key=value overrides taken anywhere on the line (`train a=1 --config C b=2`):
+    argparse takes the first run of positionals only, so the later ones come back unknown and join the
+    overrides in the order typed (the last of a key wins). Anything else unknown is refused as before."""
+    args, extra = parser.parse_known_args(argv)
+    if hasattr(args, "overrides"):
+        args.overrides = [*args.overrides, *(a for a in extra if not a.startswith("-"))]
+        extra = [a for a in extra if a.startswith("-")]
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def setup_logging(verbose: bool) -> None:
     """Our loggers (draftsmith.*) print `draftsmith: message` lines to the current stderr."""
     logger = logging.getLogger("draftsmith")
@@ -357,7 +380,7 @@ def setup_logging(verbose: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse_args(parser, argv)
     except SystemExit as exit_:  # --help (0) or a malformed flag (2): argparse has printed why
         return int(exit_.code or 0)
     setup_logging(args.verbose)

@@ -164,3 +164,40 @@ def test_bad_targets_and_prompts_exit_2(tiny_dir, short_context_dir, tmp_path, c
         code, out, err = run(["generate", *argv], capsys)
         assert code == 2, (argv, err)
         assert message in err and out == ""
+
+
+# ---- issue 45 item 5: key=value overrides anywhere on the line ---------------------------------------------
+
+CONFIG = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs" / "eagle3-smollm2-135m.yaml"
+
+
+def test_train_takes_overrides_on_both_sides_of_an_option(tiny_dir, tmp_path, capsys, monkeypatch):
+    from draftsmith.train import trainer
+
+    seen = []
+    monkeypatch.setattr(trainer, "train", seen.append)
+    argv = ["train", "train.max_steps=7", "--config", str(CONFIG), "data.max_length=99", f"target={tiny_dir}"]
+    code, _, err = run([*argv, f"output_dir={tmp_path / 'run'}", "train.max_steps=8"], capsys)
+    assert code == 0, err
+    cfg = seen[0]
+    assert (cfg.train.max_steps, cfg.data.max_length, cfg.target) == (8, 99, str(tiny_dir))  # the last wins
+
+
+def test_demo_takes_overrides_on_both_sides_of_an_option(capsys, monkeypatch):
+    from draftsmith.runtime.cli import demo
+
+    seen = []
+    monkeypatch.setattr(
+        demo, "demo_main", lambda path, overrides, quick, train: seen.append((overrides, train))
+    )
+    for argv in (["x=1", "--train"], ["x=1", "--train", "y=2"], ["--train", "x=1", "--quick", "y=2"]):
+        code, _, err = run(["demo", *argv], capsys)
+        assert code == 0, err
+        assert seen.pop() == ([a for a in argv if "=" in a], True)
+
+
+def test_an_unknown_option_among_overrides_is_still_refused(capsys):
+    code, _, err = run(["train", "a=1", "--config", str(CONFIG), "--bogus", "b=2"], capsys)
+    assert code == 2 and "unrecognized arguments: --bogus" in err, err
+    code, _, err = run(["generate", "--prompt", "w1", "a=1"], capsys)  # generate takes no overrides
+    assert code == 2 and "unrecognized arguments: a=1" in err, err
