@@ -232,16 +232,53 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def local_target_folder(name: str) -> Path | None:
-    """A target's folder on this machine: a path, the embedded alias's cache, or a Hub id already in the
-    Hub cache. Never downloads (an export must not depend on the network); None when it is not here."""
-    alias = next((a for a, emb in ALIASES.items() if emb.hub_name == name), None)
-    if alias or Path(name).expanduser().is_dir():
-        return resolve_target(alias or name).path
+def local_target_folder(name: str, weights_hash: str | None = None) -> Path | None:
+    """A target's folder on this machine, never downloaded (an export must not depend on the network): a
+    path, the embedded alias made from that Hub id, or the Hub id in the Hub cache; None when it is not here.
+
+    With `weights_hash` (what MTP, Medusa and co-trained heads record: artifacts.weights_hash) a candidate
+    counts only if its weights hash to it: the embedded GGUF and the Hub's checkpoint share one Hub id but
+    not their weights, so the hash says which one a head was trained on."""
+    for folder in _local_candidates(name):
+        if weights_hash is None or folder_weights_hash(folder) == weights_hash:
+            return folder
+        log.info("the target %s in %s has other weights than the recorded %s", name, folder, weights_hash)
+    weights = f" with weights {weights_hash}" if weights_hash else ""
+    log.warning("the target %s%s is not on this machine", name, weights)
+    return None
+
+
+def _local_candidates(name: str):
+    """Where `name` may already be here, in order: a folder, the aliases made from it, the Hub cache."""
+    if Path(name).expanduser().is_dir():
+        yield resolve_target(name).path
+        return
+    for alias, emb in ALIASES.items():
+        if emb.hub_name == name:
+            yield resolve_target(alias).path
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:  # not cached (or not a repo id): the caller says what is missing
-        log.warning("export: the target %s is not on this machine", name)
-        return None
+        yield Path(snapshot_download(name, allow_patterns=HUB_PATTERNS, local_files_only=True))
+    except Exception:  # not cached (or not a repo id)
+        return
+
+
+def recorded_target(name: str, weights_hash: str | None = None) -> str:
+    """The target a head recorded (`target`, and `target_weights_hash` where it has one) -> the spec to load
+    it by: the local folder holding those weights (local_target_folder), else `name` itself (the Hub)."""
+    folder = local_target_folder(name, weights_hash)
+    return str(folder) if folder is not None else name
+
+
+def folder_weights_hash(folder: Path) -> str:
+    """artifacts.weights_hash of a local HF folder from its checkpoint tensors, without building it."""
+    from transformers import AutoConfig
+
+    from draftsmith.runtime.core.artifacts import weights_hash_names, weights_hash_of_tensors
+    from draftsmith.runtime.core.checkpoint_index import Checkpoint
+
+    config = AutoConfig.from_pretrained(folder)
+    text = getattr(config, "text_config", None) or config
+    names = weights_hash_names(text.num_hidden_layers, config)
+    return weights_hash_of_tensors(Checkpoint.open(folder).read(names), text.num_hidden_layers, config)

@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.targets import folder_weights_hash  # noqa: F401 (re-exported: mtp_kind, tests)
 
 log = logging.getLogger("draftsmith")
 
@@ -50,19 +51,6 @@ def check_bound_target(config, target, any_target: bool = False) -> None:
     )
 
 
-def folder_weights_hash(folder: Path) -> str:
-    """artifacts.weights_hash of a local HF folder from its checkpoint tensors, without building it."""
-    from transformers import AutoConfig
-
-    from draftsmith.runtime.core.artifacts import weights_hash_names, weights_hash_of_tensors
-    from draftsmith.runtime.core.checkpoint_index import Checkpoint
-
-    config = AutoConfig.from_pretrained(folder)
-    text = getattr(config, "text_config", None) or config
-    names = weights_hash_names(text.num_hidden_layers, config)
-    return weights_hash_of_tensors(Checkpoint.open(folder).read(names), text.num_hidden_layers, config)
-
-
 def check_export_target(
     config, named: str | None, flag: str, any_target: bool = False, head_folder: Path | None = None
 ) -> None:
@@ -75,7 +63,7 @@ def check_export_target(
 
     shipped = Path(head_folder) / "target" if head_folder is not None else None
     where = named or (str(shipped) if shipped is not None and shipped.is_dir() else config.target)
-    folder = local_target_folder(where)
+    folder = local_target_folder(where, config.target_weights_hash) or local_target_folder(where)
     got = folder_weights_hash(folder) if folder is not None else None
     if got == config.target_weights_hash:
         return

@@ -125,11 +125,14 @@ def write_vllm_layout(folder: Path, out: Path, options: LayoutOptions) -> Writte
     target's rows), so the target's parts are loaded (runtime/core/target_parts.py: embedding, norm, LM head)
     from `--target`, or the target the heads name; read back with load_medusa and compared."""
     from draftsmith.runtime.core.target_parts import TargetParts
+    from draftsmith.runtime.core.targets import recorded_target
     from draftsmith.runtime.heads.medusa import MedusaHeads
     from draftsmith.runtime.heads.medusa_layout import write_vllm
 
     config = read_json(Path(folder) / CONFIG_FILE, "CHECKPOINT")
-    target = TargetParts.load(options.target or config.get("target", ""), device="cpu")
+    # the recorded target: found here first (the embedded alias, the Hub cache) by its weights hash
+    spec = options.target or recorded_target(config.get("target", ""), config.get("target_weights_hash"))
+    target = TargetParts.load(spec, device="cpu")
     heads = MedusaHeads.from_pretrained(folder, target)
     write_vllm(heads, target, out)
     back = read_any(out, target)
