@@ -16,7 +16,14 @@ i + 1), and vLLM's id L (num_layers) is the last layer's output before the final
 `last_hidden`. vLLM returns one [T, H] state per distinct id, in increasing id order.
 
 On a CPU, vLLM 0.32.0's stock hidden-states connector dies copying out the states (CUDA-only pinned
-memory and events); runtime/workers/vllm_hidden_connector.py is a CPU copy of that one step.
+memory and events); runtime/workers/vllm_hidden_connector.py is a CPU copy of that one step. On a GPU
+build the worker runs vLLM's stock connector with CUDA graphs (data_recipes/vllm_engine.worker_flags);
+chunked prefill is off on both, as vLLM's extract_hidden_states docs require.
+
+MLA targets (DeepSeek-V3: a config with `kv_lora_rank`) are refused before anything starts: vLLM's
+connector cannot isolate the hidden-states cache group beside an MLA cache ("MLA verifiers are
+unsupported", `ExampleHiddenStatesConnector._find_cache_kv_group_id`). The exit-2 message names the
+capture that works: draftsmith's engine with the experts split over the GPUs (`--target-placement ep`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,33 @@ from collections import deque
 from draftsmith.runtime.core.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
+
+
+def is_mla(config) -> bool:
+    """Whether a target config (transformers' object or config.json's dict) has multi-head latent attention:
+    `kv_lora_rank` set, on the config or its text_config (vision-language checkpoints nest the text model)."""
+
+    def get(c, key):
+        return c.get(key) if isinstance(c, dict) else getattr(c, key, None)
+
+    return any(get(c, "kv_lora_rank") for c in (config, get(config, "text_config") or {}))
+
+
+def refuse_mla(config, args) -> None:
+    """BadInputError (exit 2) for an MLA target under --engine vllm, naming the capture that works."""
+    if not is_mla(config):
+        return
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    flags = (("--target", "target"), ("--data", "data"), ("--out", "out"))
+    where = " ".join(f"{flag} {getattr(args, dest, None) or dest.upper()}" for flag, dest in flags)
+    raise BadInputError(
+        "--engine",
+        f"vllm for model_type {model_type}",
+        "draftsmith",
+        "vLLM's hidden-states connector refuses MLA verifiers; capture on draftsmith's engine with the "
+        f"experts split over N GPUs: torchrun --nproc-per-node N -m draftsmith.runtime.cli data capture "
+        f"--target-placement ep --ep-size N {where} ...",
+    )
 
 
 def vllm_layer_ids(aux_layers: list[int], num_layers: int) -> tuple[list[int], list[int], int]:
@@ -96,7 +130,14 @@ def run_from_args(args) -> None:
     """The CLI's `data capture --engine vllm` (data_recipes/capture.py hands over to here)."""
     from draftsmith.data_recipes import capture as cap
     from draftsmith.data_recipes.parts import check_shard_args, require_whole
-    from draftsmith.data_recipes.vllm_engine import DataWorker, TargetView, check_tensor_parallel, find_python
+    from draftsmith.data_recipes.vllm_engine import (
+        DataWorker,
+        TargetView,
+        check_connector_version,
+        check_tensor_parallel,
+        find_python,
+        vllm_install,
+    )
     from draftsmith.data_recipes.vllm_regenerate import vllm_dtype
 
     check_shard_args(args.num_shards, args.shard_index)
@@ -106,14 +147,18 @@ def run_from_args(args) -> None:
     bf16_layers = cap.parse_bf16_layers(getattr(args, "fp8_bf16_layers", None))
     cap._check_options(args.storage_dtype, args.split, args.shard_tokens, fp8_last, bf16_layers, layers)
     fp8 = (fp8_last, bf16_layers)
-    python = find_python(getattr(args, "vllm_python", None))  # exit 2 before anything loads
-    view = TargetView.load(args.target, dtype=vllm_dtype(args.dtype))
+    view = TargetView.load(args.target, dtype=vllm_dtype(args.dtype))  # tokenizer and config: no weights
+    refuse_mla(view.config, args)  # exit 2 before any engine starts, naming the capture that works
+    python = find_python(getattr(args, "vllm_python", None))
+    check_connector_version(vllm_install(python))
     check_tensor_parallel(view.config, args.tensor_parallel_size)
     layers = cap.resolve_aux_layers(layers, view.num_layers)
     ids, _, _ = vllm_layer_ids(list(layers), view.num_layers)
     if cap.capture_done(view, args.data, args.out, layers, args.storage_dtype, args.split, args.shard_tokens,
                         fp8_last, bf16_layers) is None:  # fmt: skip
-        with DataWorker(python, view, "capture", args.max_num_seqs, args.tensor_parallel_size, ids) as worker:
+        eager = getattr(args, "enforce_eager", False)
+        with DataWorker(python, view, "capture", args.max_num_seqs, args.tensor_parallel_size, ids,
+                        enforce_eager=eager) as worker:  # fmt: skip
             record = _capture(
                 cap, view, args, layers, fp8, VllmRows(worker, view, layers, 2 * args.max_num_seqs)
             )

@@ -162,9 +162,11 @@ def stream_turns(view, conversations: dict[str, list[dict]], params: SamplingPar
 def regenerate_vllm(view, data_dir, out, params: SamplingParams, max_new_tokens: int = 512, seed: int = 0,
                     max_num_seqs: int = 32, tensor_parallel_size: int = 1, num_shards: int = 1,
                     shard_index: int = 0, python: str | None = None, progress: bool = True,
-                    worker_factory=None, flush_every: int = FLUSH_EVERY) -> dict:  # fmt: skip
+                    worker_factory=None, flush_every: int = FLUSH_EVERY,
+                    enforce_eager: bool = False) -> dict:  # fmt: skip
     """`regenerate` with vLLM: `view` a vllm_engine.TargetView (or a Target); a no-op when done.
-    worker_factory(view) -> a context-managed worker (default: DataWorker in `python`)."""
+    worker_factory(view) -> a context-managed worker (default: DataWorker in `python`; enforce_eager: no
+    CUDA graphs on a GPU build, which a CPU build never has)."""
     from draftsmith.data_recipes.prepare import write_prepared
     from draftsmith.data_recipes.vllm_engine import DataWorker, check_tensor_parallel
 
@@ -202,7 +204,9 @@ def regenerate_vllm(view, data_dir, out, params: SamplingParams, max_new_tokens:
         record.outputs["part"] = {"rows": [lo, hi], "command": command}
     summary = Summary(read=len(conversations))
     factory = worker_factory or (
-        lambda v: DataWorker(python, v, "generate", max_num_seqs, tensor_parallel_size)
+        lambda v: DataWorker(
+            python, v, "generate", max_num_seqs, tensor_parallel_size, enforce_eager=enforce_eager
+        )
     )
     with factory(view) as worker:
         init_s = (getattr(worker, "ready", None) or {}).get("init_s")
@@ -255,7 +259,8 @@ def run_from_args(args) -> None:
     params = SamplingParams(args.temperature, args.top_p, args.top_k)
     done = regenerate_vllm(view, args.data, args.out, params, args.max_new_tokens, args.seed,
                            args.max_num_seqs, args.tensor_parallel_size, args.num_shards,
-                           args.shard_index, python=python)  # fmt: skip
+                           args.shard_index, python=python,
+                           enforce_eager=getattr(args, "enforce_eager", False))  # fmt: skip
     shard = done["inputs"].get("shard")
     where = f"{args.out} (part {shard['index']} of {shard['count']})" if shard else args.out
     log.info("regenerated into %s: %s", where, json.dumps(done.get("summary") or {}))

@@ -206,16 +206,26 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--engine",
         choices=["auto", "draftsmith", "vllm"],
         default="auto",
-        help="auto (vLLM where it is measured faster and a Python with vLLM is found, today: regenerate on a "
-        "CPU-only machine, one process; else draftsmith; the log says which and why), draftsmith (its own "
-        "engine, static batches) or vllm (continuous batching / vLLM's hidden-state extraction, run by "
-        "--vllm-python; `bash scripts/vllm_env.sh` builds .venv-vllm)",
+        help="auto (vLLM where it is measured faster, or on a CUDA GPU, when a Python with a fitting vLLM is "
+        "found and it serves the family and step, one process: today regenerate on a CPU-only machine, "
+        "both steps on a GPU; else draftsmith; the log says which and why), draftsmith (its own engine, "
+        "static batches) or vllm (continuous batching / vLLM's hidden-state extraction, run by "
+        "--vllm-python; `bash scripts/vllm_env.sh` builds .venv-vllm, `bash scripts/vllm_env_gpu.sh` "
+        ".venv-vllm-gpu)",
     )
     p.add_argument(
         "--vllm-python",
         default=None,
         help="with --engine vllm or auto: a Python that has vLLM (default $DRAFTSMITH_VLLM_PYTHON, else "
-        "./.venv-vllm/bin/python)",
+        "./.venv-vllm-gpu/bin/python with CUDA, else ./.venv-vllm/bin/python)",
+    )
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="with --engine vllm or auto: vLLM without CUDA graphs on a GPU (a CPU build always runs eager)",
+    )
+    declare_needs(
+        p, flag_needs("--enforce-eager", "--engine vllm or auto", lambda a: a.engine != "draftsmith")
     )
     p.add_argument(
         "--tensor-parallel-size",

