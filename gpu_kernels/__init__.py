@@ -9,10 +9,12 @@
     path, num, nxt = kernels.tree_accept_greedy(parents, tokens, logits)          # any tree, T = 0
     path, num, nxt = kernels.tree_accept(parents, tokens, p, q, coins, draws)     # any tree, exact, T > 0
 
-Which implementation runs: `DRAFTSMITH_KERNELS` = `auto` (default: Triton on CUDA when Triton imports,
-the torch references elsewhere), `triton` (force the kernels: on CUDA, or on CPU under Triton's
-interpreter, TRITON_INTERPRET=1), `torch` (force the references). A request for kernels that cannot run
-here falls back to the references with one log line, never a crash. Inputs are validated (shapes,
+Which implementation runs: `DRAFTSMITH_KERNELS` = `auto` (default) or `torch`: the torch references on
+every device, the path CI runs; `triton`: the kernels, on CUDA or on CPU under Triton's interpreter
+(TRITON_INTERPRET=1). Compiled Triton on a GPU is a path no CI run executes, so it is an explicit choice
+that says so once in the log, until a recorded GPU run (scripts/gpu_check.sh measures it against the
+references) promotes it. A request for kernels that cannot run here falls back to the references with one
+log line, never a crash. Inputs are validated (shapes,
 dtypes, devices) before either runs. Modules: `reference` (the torch oracles), `triton_kernels` (the
 Triton kernels), `flex` (tree attention on FlexAttention), `compile_check` (compiling the kernels for
 a GPU architecture without one).
@@ -53,15 +55,20 @@ def use_triton(device: torch.device) -> bool:
         raise ValueError(f"DRAFTSMITH_KERNELS: got {mode!r}, expected one of {MODES}")
     if mode == "torch":
         return False
+    if mode == "auto":
+        return False
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    runnable = _triton_importable() and (device.type == "cuda" or interpreted)
-    if mode == "triton" and not runnable:
+    if not (_triton_importable() and (device.type == "cuda" or interpreted)):
         why = "Triton is not installed" if not _triton_importable() else f"no CUDA for {device}"
         if why not in _warned:
             _warned.add(why)
             log.info("kernels: DRAFTSMITH_KERNELS=triton, but %s: using the torch references", why)
         return False
-    return runnable and (mode == "triton" or device.type == "cuda")
+    if device.type == "cuda" and not interpreted and "gpu" not in _warned:
+        _warned.add("gpu")
+        log.info("kernels: Triton compiled for %s, a GPU-only path no CI run executes (the default: the "
+                 "torch references; scripts/gpu_check.sh measures both)", device)  # fmt: skip
+    return True
 
 
 def _impl():

@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    os.environ.setdefault("DRAFTSMITH_KERNELS", "auto")
+    os.environ.setdefault("DRAFTSMITH_KERNELS", "triton")  # the kernel is explicit (gpu_kernels/__init__.py)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "device": torch.cuda.get_device_name(device)

@@ -4,12 +4,38 @@
 #   bash scripts/gpu_check.sh            # from the repository root; carry .whl (datasets, dill, multiprocess)
 #   and, for the end-to-end rows with the trained head, first the two calls of scripts/gpu_carry.py
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh   # every step on a CPU with tiny shapes (about 1 minute)
+#   bash scripts/gpu_check.sh --dry-run             # the same
+#   bash scripts/gpu_check.sh [--dry-run] --list    # the GPU-only paths and the steps that measure them; runs nothing
+# Every GPU-only path (no CI run executes it) is an explicit option whose default is the path CI runs
+# (issue 45 item 6); each is measured here against that default, so a recorded run can promote it.
 # Then the Triton kernels compiled on CUDA against their references, and scripts/gpu_measure.py: bandwidth,
 # matmul rate, plain decode vs roofline eager and on CUDA graphs (embedded target, random Llama-3.1-8B
 # shape), verification cost for 1..128 nodes at 8B shape (eager and graph replays), end-to-end speedup of
 # the head in runs/eagle3-smollm2-135m/final if carried (eager and +graphs rows); last, one layer's tree
 # attention at 8B shape, SDPA vs the Triton kernel vs FlexAttention (scripts/attention_bench.py).
 set -uo pipefail
+LIST=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) export GPU_CHECK_DRY_RUN=1 ;;
+    --list) LIST=1 ;;
+    *) echo "gpu_check.sh: unknown argument $arg (--dry-run, --list)" >&2; exit 2 ;;
+  esac
+done
+# GPU-only path | its default (the path CI runs) | the step below that measures one against the other
+GPU_ONLY=(
+  "train.ttt_attention=flex (compiled FlexAttention)|train.ttt_attention=decomposed (explicit scores on CUDA)|ttt step (after+flex vs after)"
+  "DRAFTSMITH_KERNELS=triton (compiled Triton kernels)|DRAFTSMITH_KERNELS=auto (torch references)|kernel tests, attention bench (triton vs sdpa)"
+  "--cuda-graphs / +graphs (CUDA graphs)|eager decoding|measurements (eager vs graph replays)"
+  "--quantize fp8 (fp8 linears, torch._scaled_mm)|--quantize none (bf16)|fp8 bench (--quantize fp8 vs none)"
+  "--attention flex or triton (target attention kernels)|--attention sdpa|attention bench (flex, triton vs sdpa)"
+)
+if [ "$LIST" = 1 ]; then
+  echo "GPU-only path | default (what CI runs) | measured by"
+  for row in "${GPU_ONLY[@]}"; do echo "$row" | sed 's/|/ | /g'; done
+  [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] && echo "dry run: on this CPU, tiny shapes; fp8 and compiled FlexAttention/Triton skip (CUDA only)"
+  exit 0
+fi
 # one budget for the whole check (the device tool's call limit is 10 minutes): each step gets at most
 # its own cap and what is left, and a step with under 20 s left is skipped, with a line saying so
 BUDGET=${GPU_CHECK_BUDGET:-480}
@@ -28,12 +54,13 @@ mkdir -p "$OUT"
 # GPU_CHECK_DRY_RUN=1: every step on this machine's CPU with tiny shapes and no head, to check the script
 # itself before a lease is spent on it (the gpu-marked tests skip without CUDA)
 MEASURE_ARGS=() ATTENTION_ARGS=()
-TTT_ARGS=(--device cuda --shape llama-8b --batch 1 --steps 7 --paths before,after --repeats 2)
+TTT_ARGS=(--device cuda --shape llama-8b --batch 1 --steps 7 --paths before,after,after+flex --repeats 2)
+FP8=1
 TTT_LENGTHS="2048 8192"
 if [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ]; then
   MEASURE_ARGS=(--small --device cpu)
   ATTENTION_ARGS=(--device cpu --context 256 --batches 1 --nodes 1,16 --rounds 1 --calls 1)
-  TTT_ARGS=(--device cpu --steps 2 --paths before,after --repeats 1) TTT_LENGTHS="64"
+  TTT_ARGS=(--device cpu --steps 2 --paths before,after --repeats 1) TTT_LENGTHS="64" FP8=0
 fi
 export PYTHONUNBUFFERED=1
 WHEELS=$(ls .whl/*.whl .gpu_carry/b/whl/*.whl 2>/dev/null)
@@ -74,9 +101,20 @@ step 330 "measurements" python3 scripts/gpu_measure.py --out "$OUT/measure.json"
   $([ -n "$HEAD" ] && [ -d "$HEAD" ] && echo --head "$HEAD") "${MEASURE_ARGS[@]}" \
   2>&1 | tee "$OUT/measure.log"
 step 120 "attention bench" python3 scripts/attention_bench.py --out "$OUT/attention.json" "${ATTENTION_ARGS[@]}" 2>&1 | tee "$OUT/attention.log"
+# fp8 linears (--quantize fp8) against the unquantized bf16 target, plain decoding at batch 1
+if [ "$FP8" = 1 ]; then
+  for Q in none fp8; do
+    step 90 "fp8 bench --quantize $Q" python3 -m draftsmith.runtime.cli bench --device cuda --target "$TARGET" \
+      --quantize "$Q" --baselines plain --prompts sharegpt --num-prompts 4 --max-new-tokens 64 --batch-sizes 1 \
+      --no-roofline --no-plots --out "$OUT/bench-quantize-$Q" 2>&1 | tee "$OUT/bench_quantize_$Q.log"
+  done
+else
+  echo "skipped fp8 bench: fp8 linears need CUDA (compute capability >= 8.9)"
+fi
 # the EAGLE-3 TTT step at Llama-3.1-8B's shape (random weights, no download), dense mask + full logits
 # ("before") against today's decomposed attention + chunked logits, K = 7, T = 2k and 8k: tokens/s and
-# peak memory (issue 21)
+# peak memory (issue 21); on CUDA also the causal part on compiled FlexAttention ("after+flex",
+# train.ttt_attention=flex) against the default's explicit scores ("after")
 for T in $TTT_LENGTHS; do
   step 60 "ttt step T=$T" python3 scripts/ttt_step_bench.py "${TTT_ARGS[@]}" --length "$T" \
     --out "$OUT/ttt_step_$T.json" 2>&1 | tee "$OUT/ttt_step_$T.log"

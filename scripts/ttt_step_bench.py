@@ -8,7 +8,8 @@
 target's logits [B, T, V] at every position, one soft cross-entropy over [B, T, Vd] per step. "after" is
 `ttt_loss`: causal attention + k diagonal keys merged by log-sum-exp, target logits only where a loss
 reads them and a soft cross-entropy over chunks of `--chunk` rows ("after+ckpt" adds activation
-checkpointing of the head's layers).
+checkpointing of the head's layers; "after+flex" runs the causal part on compiled FlexAttention,
+train.ttt_attention=flex, the GPU-only path "after"'s default is measured against: CUDA only).
 
 Shapes: the EAGLE-3 recipe's (configs/eagle3-smollm2-135m.yaml): the embedded SmolLM2-135M target's
 hidden size 576, 9 query heads / 3 kv heads of 64, intermediate 1536, vocabulary 49152, 3 aux layers,
@@ -121,6 +122,7 @@ def step_fn(path: str, head, target, batch, steps: int, chunk: int):
                 out = ttt_loss(
                     head, target.embed, batch, steps, target_logits=target.logits, logit_chunk=chunk,
                     checkpoint_layers=path == "after+ckpt",
+                    attention="flex" if path == "after+flex" else "decomposed",
                 )  # fmt: skip
         out.loss.backward()
         if cuda:

@@ -40,11 +40,12 @@ import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Head
 from draftsmith.train.eagle3_levers import divergence_loss
 from draftsmith.train.ttt_attention import ttt_attention
 
-ATTENTIONS = ("decomposed", "dense")
+ATTENTIONS = ("decomposed", "dense", "flex")  # flex: decomposed, its causal part on FlexAttention (CUDA)
 
 
 @dataclass
@@ -155,7 +156,14 @@ def unroll(
     if checkpoint_layers and attention == "dense":
         raise ValueError("activation checkpointing needs attention='decomposed' (the dense cache grows)")
     length, device = input_ids.shape[1], input_ids.device
-    cache = TTTCache() if attention == "decomposed" else GrowingCache(input_ids.shape[0], device)
+    if attention == "flex" and device.type != "cuda":
+        raise BadInputError(
+            "train.ttt_attention", "flex", "a CUDA device", "FlexAttention has no backward on a CPU"
+        )
+    if attention == "dense":
+        cache = GrowingCache(input_ids.shape[0], device)
+    else:
+        cache = TTTCache("flex" if attention == "flex" else None)
     feature = head.fuse(features)  # [B, T, H]
     positions = torch.arange(length, device=device)[None].expand_as(input_ids)
     for k in range(steps):

@@ -13,10 +13,13 @@ So the score matrix is a causal [T, T] block plus k diagonals, and the attention
     l        = logsumexp(l_c, b_1, .., b_k)                                  softmax over the union
     out      = exp(l_c - l) * o_c + sum_j exp(b_j - l) * v_j[t]
 
-The causal part runs a fused kernel with no mask tensor (`causal_attention_lse`): on CPU PyTorch's flash
-kernel (what SDPA with is_causal=True runs), on CUDA FlexAttention compiled over a causal block mask
-(gpu_kernels/flex.py), elsewhere the explicit scores. Autograd differentiates the merge; the kernels give the
-gradient of both o_c and l_c. Memory per step is O(T) (no [T, (k+1)T] mask, no concatenated keys), and
+The causal part (`causal_attention_lse`) runs, by default, a path CI runs: on CPU PyTorch's flash kernel
+(what SDPA with is_causal=True runs, no mask tensor), elsewhere (CUDA included) the explicit [T, T] scores.
+`backend="flex"` (train.ttt_attention=flex) runs FlexAttention compiled over a causal block mask
+(gpu_kernels/flex.py): a GPU-only path that no CI run executes, so it is an explicit choice that logs
+itself until a recorded GPU run (scripts/gpu_check.sh measures it against the default) promotes it.
+Autograd differentiates the merge; the kernels give the gradient of both o_c and l_c. With a fused kernel
+memory per step is O(T) (no [T, (k+1)T] mask, no concatenated keys; the explicit scores keep [T, T]), and
 a step costs the causal attention plus k elementwise products, instead of an attention over (k+1)T keys.
 
 GQA: query head h reads kv head h // (Hq / Hkv), as SDPA's enable_gqa does. Padding needs nothing here:
@@ -26,8 +29,13 @@ which is also all that today's mask guarantees (`GrowingCache` marks every slot 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch.nn import functional as F
+
+log = logging.getLogger("draftsmith")
+_said: set[str] = set()
 
 
 def ttt_attention(
@@ -58,11 +66,8 @@ def ttt_attention(
 
 
 def default_backend(q: torch.Tensor) -> str:
-    if q.device.type == "cpu":
-        return "flash_cpu"
-    if q.device.type == "cuda" and q.dtype != torch.float64:
-        return "flex"
-    return "math"
+    """The path CI runs on this device: the CPU flash kernel on a CPU, the explicit scores elsewhere."""
+    return "flash_cpu" if q.device.type == "cpu" else "math"
 
 
 def causal_attention_lse(
@@ -79,6 +84,11 @@ def causal_attention_lse(
     if backend == "flex":
         from draftsmith.kernels.flex import causal_attention_flex
 
+        if "flex" not in _said:
+            _said.add("flex")
+            log.info("TTT attention: FlexAttention%s, a GPU-only path no CI run executes (the default: "
+                     "the explicit scores; scripts/gpu_check.sh measures both)",
+                     " compiled" if q.device.type == "cuda" else "")  # fmt: skip
         return causal_attention_flex(q, k, v, scale)
     if backend == "math":
         return causal_attention_math(q, k, v, scale)

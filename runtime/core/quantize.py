@@ -57,6 +57,10 @@ from torch import nn
 from draftsmith.runtime.core.errors import BadInputError
 
 log = logging.getLogger(__name__)
+GPU_ONLY_FP8 = (
+    "fp8 linears (torch._scaled_mm): a GPU-only path no CI run executes (scripts/gpu_check.sh measures it "
+    "against the unquantized target)"
+)
 
 MODES = ("int8", "int4", "fp8")
 INT4_GROUPS = (32, 64, 128, 256)  # qGroupSize values _weight_int4pack_mm_for_cpu accepts
@@ -331,6 +335,8 @@ def quantize_target(target, spec: QuantSpec, field: str = "--quantize") -> Quant
     target.source_weights_hash, target.quantization = source_hash, spec.label
     target.model.source_weights_hash = source_hash  # artifacts.weights_hash(model) answers it too
     log.info("target quantized: %s, %d linears (decoder layers and LM head)", spec.label, len(linears))
+    if spec.mode == "fp8":
+        log.info(GPU_ONLY_FP8)
     return spec
 
 
@@ -378,4 +384,6 @@ def quantize_draft(drafter, target, spec: QuantSpec, draft: str = "", field: str
         replace_linears(root, f"draft{i}", mine, spec)
     drafter.quantization = spec.label
     log.info("draft quantized: %s, %d linears", spec.label, len(found))
+    if spec.mode == "fp8":
+        log.info(GPU_ONLY_FP8)
     return spec

@@ -22,6 +22,7 @@ engines keep finished rows stepping and ignore their outputs), so buffer address
 from __future__ import annotations
 
 import functools
+import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ import torch
 
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.target import Target
+
+log = logging.getLogger("draftsmith")
 
 SPAN_STEP = 256  # attention windows grow in steps of this many slots (StaticKVCache.span_for)
 
@@ -177,6 +180,9 @@ class Graphed:
             for _ in range(2):
                 body(*entry.inputs)
         torch.cuda.current_stream().wait_stream(stream)
+        if self.pool is None:  # once per engine: what runs is not what CI runs
+            log.info("CUDA graphs: captured replays, a GPU-only path no CI run executes (CPUs run the same "
+                     "static path eagerly; scripts/gpu_check.sh measures both)")  # fmt: skip
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             entry.outputs = body(*entry.inputs)

@@ -242,6 +242,24 @@ def test_forced_kernels_without_a_way_to_run_fall_back_with_one_line(monkeypatch
         kernels.use_triton(torch.device("cpu"))
 
 
+def test_auto_runs_the_references_on_cuda_too(monkeypatch, caplog):
+    """Issue 45 item 6: the default is the path CI runs (the torch references, on every device); the Triton
+    kernels, which run in CI only under the interpreter, are an explicit choice that says what it is."""
+    monkeypatch.delenv("DRAFTSMITH_KERNELS", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(kernels, "_triton_importable", lambda: True)
+    monkeypatch.setattr(kernels, "_warned", set())
+    cuda = torch.device("cuda")
+    assert not kernels.use_triton(cuda)
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "auto")
+    assert not kernels.use_triton(cuda)
+    monkeypatch.setenv("DRAFTSMITH_KERNELS", "triton")
+    with caplog.at_level(logging.INFO, logger="draftsmith"):
+        assert kernels.use_triton(cuda) and kernels.use_triton(cuda)
+    said = [r.message for r in caplog.records if "GPU-only" in r.message]
+    assert len(said) == 1 and "Triton" in said[0], said
+
+
 def test_inputs_are_validated():
     p, q, tokens, coins, draws = chain_case()
     with pytest.raises(ValueError, match="draft_probs"):

@@ -28,7 +28,7 @@ from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.config import load_train_config
 from draftsmith.train.eagle3_objective import TTTBatch, step_mask, ttt_loss, ttt_loss_ref, unroll
-from draftsmith.train.ttt_attention import causal_attention_lse, ttt_attention
+from draftsmith.train.ttt_attention import causal_attention_lse, default_backend, ttt_attention
 
 STEPS = range(1, 8)  # K = 1..7: the attention at step K - 1 has K - 1 diagonal keys
 
@@ -340,6 +340,23 @@ def test_bad_ttt_settings_are_refused(extra, key, tmp_path):
 
     with pytest.raises(BadInputError, match=key):
         load_train_config(None, [f"output_dir={tmp_path / 'x'}", *extra]).validate()
+
+
+def test_the_cuda_default_is_the_path_ci_runs(tmp_path):
+    """Issue 45 item 6: compiled FlexAttention, the CUDA default, had never run anywhere. The default on
+    CUDA is now the explicit scores (run here as the oracle); FlexAttention is train.ttt_attention=flex."""
+    from types import SimpleNamespace
+
+    from draftsmith.runtime.core.errors import BadInputError
+
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        assert default_backend(SimpleNamespace(device=torch.device("cuda"), dtype=dtype)) == "math"
+    assert default_backend(torch.zeros(1)) == "flash_cpu"
+    cfg = load_train_config(None, [f"output_dir={tmp_path / 'x'}", "train.ttt_attention=flex"])
+    assert cfg.train.ttt_attention == "flex"
+    ids = torch.zeros(1, 4, dtype=torch.long)  # FlexAttention has no backward on a CPU: refused up front
+    with pytest.raises(BadInputError, match="train.ttt_attention: got 'flex', expected a CUDA device"):
+        next(unroll(None, None, ids, torch.zeros(1, 4, 48), 2, attention="flex"))
 
 
 @pytest.mark.gpu
