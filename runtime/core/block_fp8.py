@@ -3,6 +3,8 @@
     fp8 = block_fp8_of(config)            # BlockFp8(block=(128, 128), ...), or None: not block FP8
     w = dequantize_block_fp8(weight, scale_inv, fp8.block, torch.float32)  # [O, I] e4m3 -> [O, I] float32
     tensors = dequantize_read(raw, names, fp8, where)   # what Checkpoint.read returns for such a folder
+    dequantize_folder(src, out, torch.bfloat16)  # the folder as a float checkpoint, for a split target
+    python -m draftsmith.runtime.core.block_fp8 SRC OUT [--dtype bfloat16|float32]  # the same (--help)
 
 The format (DeepSeek-V3 technical report, arXiv 2412.19437, sec. 3.3.2 "fine-grained quantization";
 the checkpoint's README_WEIGHTS.md "FP8 Weight Documentation"): config.json carries
@@ -33,7 +35,9 @@ to by itself on a machine without a GPU, derives each block from the scale grid 
 partial: it raises where the rows do not divide (real DeepSeek-V3's kv_a_proj_with_mqa, 576 rows over 5
 scale rows) and is silently wrong where they do (the tiny fixture's logits came out ~140 off). So
 draftsmith reads the checkpoint itself (runtime/core/checkpoint_index.py `Checkpoint.read`; the whole
-target: `load_block_fp8_model`, called from runtime/core/target.py `Target.load`).
+target: `load_block_fp8_model`, called from runtime/core/target.py `Target.load`). A target split over
+ranks (runtime/core/placement.py) still loads through transformers, so `Target.load` refuses an FP8
+folder there and names the converter, `dequantize_folder`, which writes it once as a float folder.
 
 Tests: tests/runtime/test_block_fp8.py (`python -m pytest tests/runtime/test_block_fp8.py -q`).
 """
@@ -41,14 +45,26 @@ Tests: tests/runtime/test_block_fp8.py (`python -m pytest tests/runtime/test_blo
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import re
+import shlex
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.core.artifacts import atomic_save_file, open_tensors
+from draftsmith.runtime.core.config import atomic_write_text
+from draftsmith.runtime.core.errors import (
+    BadInputError,
+    DraftsmithError,
+    check_output_dir,
+    read_json,
+    renamed_fields,
+)
 
 log = logging.getLogger(__name__)
 
@@ -247,3 +263,219 @@ def load_block_fp8_model(checkpoint, config, dtype: torch.dtype, attention: str)
     if (folder / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
     return model
+
+
+# ---- a float copy of the folder, for a target split over ranks -------------------------------------------
+
+CONVERT = "python -m draftsmith.runtime.core.block_fp8"
+INDEX = "model.safetensors.index.json"  # checkpoint_index.INDEX_FILE (that module imports this one)
+HELP = f"""\
+Write a block-scaled FP8 checkpoint (DeepSeek-V3/R1 as published: e4m3 weights, one weight_scale_inv per
+128 x 128 block) once as a float checkpoint, so that a target split over ranks can load it.
+
+A split target (target_placement: tp or ep, e.g. DeepSeek-V3 under ep) is loaded by transformers, whose own
+FP8 dequantize on load is wrong for partial edge blocks, so draftsmith refuses an FP8 folder there. A whole
+target in one process reads the FP8 folder as it is and needs no conversion.
+
+Disk: about 2x the FP8 folder for bfloat16 (DeepSeek-V3: ~690 GB -> ~1.4 TB), 4x for float32; checked
+before anything is written. Memory: one output shard at a time, whatever the folder's size (~9 GB in
+bfloat16 for DeepSeek-V3's 4.3 GB shards; freed memory the allocator keeps can add a few times that).
+The shards keep their names; each is written whole (temp file, then rename) and
+model.safetensors.index.json last, so a folder without it is incomplete: run the same command again.
+Exit code 2, with the reason, on bad input.
+
+example:
+  {CONVERT} /models/DeepSeek-V3 /models/DeepSeek-V3-bf16
+  then train with target=/models/DeepSeek-V3-bf16 target_placement=ep ep_size=8
+"""
+
+
+def split_load_error(folder) -> BadInputError:
+    """Target.load's refusal of a block-FP8 folder split over ranks (layout.tp > 1): the split load is
+    transformers' (runtime/core/placement.py), whose FP8 dequantize is wrong for partial edge blocks."""
+    folder = str(folder)
+    command = f"{CONVERT} {shlex.quote(folder)} {shlex.quote(folder + '-bf16')}"
+    return BadInputError(
+        FIELD,
+        f"{folder} (a block-scaled FP8 checkpoint)",
+        "a float checkpoint when the target is split over ranks",
+        f"convert it once, `{command}`, and load that folder: a split load goes through transformers' own"
+        " FP8 dequantize on load, which is wrong for partial edge blocks",
+    )
+
+
+def dequantize_folder(src, out, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write block-FP8 folder `src` to `out` as a float checkpoint; returns the index written last.
+
+    Shard by shard, under the same file names: each weight with a `_scale_inv` dequantized (float32
+    product, then `dtype`, as DeepSeek's fp8_cast_bf16.py), the scales dropped, the other float tensors
+    cast to `dtype` unless stored wider (the router's float32 bias, which transformers keeps in float32:
+    a conversion rounds nothing). A shard's scales are read first, from whichever files hold them, then
+    its weights one at a time. Then config.json without `quantization_config`, the folder's other files
+    (tokenizer, generation config) copied, and `model.safetensors.index.json` last. Peak memory: one
+    output shard and its scales, plus one tensor in float32. Errors name SRC, OUT or --dtype
+    (BadInputError, exit code 2). The index is read here, not through checkpoint_index.py's Checkpoint,
+    which imports this module."""
+    src, out = Path(src), check_output_dir("OUT", out)
+    if not dtype.is_floating_point or dtype.itemsize < 2:
+        raise BadInputError("--dtype", str(dtype), "a float dtype of 16 bits or more: bfloat16, float32")
+    config, fp8 = _fp8_config(src)
+    with renamed_fields({FIELD: "SRC"}):  # the checks shared with the reader name its folder --target
+        weights, scales = split_scales(_stored_map(src), str(src))
+        if out.exists() and out.resolve() == src.resolve():
+            raise BadInputError("OUT", str(out), "a folder other than SRC", "the shards keep their names")
+        files = sorted(set(weights.values()))
+        _check_free_space(src, weights, out, dtype)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / INDEX).unlink(missing_ok=True)  # an index says the folder is complete: not while this runs
+        total = 0
+        for i, file in enumerate(files):
+            names = [n for n, f in weights.items() if f == file]
+            held = dict(_tensors(src, {n + SCALE_SUFFIX: scales[n] for n in names if n in scales}))
+            shard = {}
+            for name, tensor in _tensors(src, dict.fromkeys(names, file)):  # float32 for one at a time
+                scale = name + SCALE_SUFFIX
+                raw = {name: tensor, scale: held[scale]} if scale in held else {name: tensor}
+                read = dequantize_read(raw, [name], fp8, str(src))[name]  # float32 where dequantized
+                shard[name] = _converted(name in scales, read, dtype)
+                del tensor, raw, read  # before the next one is read: one float32 tensor at a time
+            atomic_save_file(out / file, shard, {"format": "pt"})
+            total += sum(t.nbytes for t in shard.values())
+            log.info("%s: %d/%d, %d tensors", out / file, i + 1, len(files), len(shard))
+            del shard
+    _write_config(config, out / "config.json", dtype)
+    skipped = []
+    for path in sorted(src.iterdir()):
+        if path.name in (INDEX, "config.json") or path.name.endswith(".safetensors"):
+            continue
+        if path.is_file():
+            shutil.copyfile(path, out / path.name)
+        else:
+            skipped.append(path.name)
+    if skipped:
+        log.info("%s: not copied (folders): %s", src, ", ".join(skipped))
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weights.items()))}
+    atomic_write_text(out / INDEX, json.dumps(index, indent=2) + "\n")
+    return out / INDEX
+
+
+def _fp8_config(src: Path) -> tuple[dict, BlockFp8]:
+    """SRC's config.json and its scheme: it must declare block FP8 (a float folder has nothing to convert)."""
+    if not (src / "config.json").is_file():
+        why = (
+            "it does not exist" if not src.exists() else "it is a file" if src.is_file() else "no config.json"
+        )
+        raise BadInputError("SRC", str(src), "a block-scaled FP8 checkpoint folder", why)
+    config = read_json(src / "config.json", "SRC")
+    with renamed_fields({FIELD: "SRC"}):
+        fp8 = block_fp8_of(config, str(src / "config.json"))
+    if fp8 is None:
+        raise BadInputError(
+            "SRC",
+            str(src),
+            "a block-scaled FP8 checkpoint (config.json quantization_config: quant_method fp8)",
+            "it is not one: nothing to convert",
+        )
+    return config, fp8
+
+
+def _stored_map(src: Path) -> dict[str, str]:
+    """{stored name: file}: the index's weight_map, or the single model.safetensors's names (as
+    checkpoint_index.py's Checkpoint.open reads them); every file it names must be there."""
+    if (src / INDEX).is_file():
+        weight_map = read_json(src / INDEX, FIELD).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise BadInputError(FIELD, str(src / INDEX), "a safetensors index with a weight_map")
+    elif (src / "model.safetensors").is_file():
+        with open_tensors(src / "model.safetensors", FIELD) as f:
+            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+    else:
+        raise BadInputError(FIELD, str(src), f"safetensors weights: model.safetensors or {INDEX}")
+    absent = sorted({f for f in weight_map.values() if not (src / f).is_file()})
+    if absent:
+        raise BadInputError(FIELD, f"{src} without {', '.join(absent[:3])}", f"every file {INDEX} names")
+    return weight_map
+
+
+def _tensors(src: Path, where: dict[str, str]):
+    """(name, tensor as stored) for each of {name: file}, one at a time, each file opened once."""
+    for file in sorted(set(where.values())):
+        with open_tensors(src / file, FIELD) as f:
+            held = set(f.keys())
+            for name in sorted(n for n, w in where.items() if w == file):
+                if name not in held:
+                    raise BadInputError(
+                        FIELD, f"{src / file} without tensor {name}", f"the tensors {INDEX} places in {file}"
+                    )
+                yield name, f.get_tensor(name)
+
+
+def _check_free_space(src: Path, weights: dict[str, str], out: Path, dtype: torch.dtype) -> None:
+    """Refuse before writing when OUT's disk cannot hold the converted weights (shards of an earlier run
+    there are replaced, so they count as free)."""
+    need, files = 0, sorted(set(weights.values()))
+    for file in files:
+        with open_tensors(src / file, FIELD) as f:
+            need += sum(math.prod(f.get_slice(n).get_shape()) for n in f.keys() if n in weights)
+    need *= dtype.itemsize  # about: a tensor stored wider than `dtype` keeps its width (a few KB)
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(existing).free + sum(
+        (out / f).stat().st_size for f in files if (out / f).is_file()
+    )
+    if free < need:
+        raise BadInputError(
+            "OUT",
+            f"{out} on a disk with {free / 1e9:.1f} GB free",
+            f"{need / 1e9:.1f} GB free for the weights",
+        )
+
+
+def _converted(dequantized: bool, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor as the float folder stores it (a dequantized one arrives in float32)."""
+    if dequantized or (tensor.is_floating_point() and tensor.element_size() <= dtype.itemsize):
+        return tensor.to(dtype).contiguous()
+    return tensor
+
+
+def _write_config(config: dict, path: Path, dtype: torch.dtype) -> None:
+    """config.json without `quantization_config` (the weights are float now) and its dtype set."""
+    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    name = str(dtype).removeprefix("torch.")
+    config["dtype"] = name
+    if "torch_dtype" in config:  # the key before transformers 5
+        config["torch_dtype"] = name
+    atomic_write_text(path, json.dumps(config, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m draftsmith.runtime.core.block_fp8 SRC OUT [--dtype bfloat16|float32]` (see HELP)."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog=CONVERT, description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("src", metavar="SRC", help="the FP8 folder (config.json, safetensors shards)")
+    parser.add_argument("out", metavar="OUT", help="the float folder to write (new, or an earlier run's)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="of the weights (default: %(default)s)",
+    )
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or a malformed flag (2): argparse has printed why
+        return int(exit_.code or 0)
+    logging.basicConfig(level=logging.INFO, format="draftsmith: %(message)s")
+    try:  # as runtime/cli/main.py: a DraftsmithError is one line on stderr and its exit code (2: bad input)
+        index = dequantize_folder(args.src, args.out, getattr(torch, args.dtype))
+    except DraftsmithError as err:
+        print(f"{CONVERT}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    print(f"{index.parent}: {args.dtype} checkpoint written; load it with target_placement tp or ep")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_names, weights_hash_of_tensors
-from draftsmith.runtime.core.block_fp8 import block_fp8_of, load_block_fp8_model
+from draftsmith.runtime.core.block_fp8 import block_fp8_of, load_block_fp8_model, split_load_error
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of, find_family
 from draftsmith.runtime.core.kv_cache import KVCache
@@ -172,6 +172,8 @@ class Target(TargetPieces):
             config = AutoConfig.from_pretrained(resolved.path)
             family = family_of(config, "--target")
             if tp > 1:
+                if block_fp8_of(config) is not None:  # transformers would dequantize it, wrongly: convert
+                    raise split_load_error(resolved.path)
                 from draftsmith.runtime.core.placement import load_tensor_parallel
 
                 model = load_tensor_parallel(resolved.path, config, layout, torch_dtype, dev)
