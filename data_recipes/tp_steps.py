@@ -74,6 +74,15 @@ class StepPlan:
         return self.layout.tp_rank == 0
 
 
+def group_words(layout: Layout) -> str:
+    """How a group holds the target, for the log: tensor parallel, expert parallel, or whole."""
+    if layout.tp == 1:
+        return "the target whole on each"
+    if layout.experts:
+        return "experts split, attention " + ("split" if layout.dense else "whole on each")
+    return "tensor parallel"
+
+
 def launch_line(step: str, tp: int | str = "N", placement: str = "tp") -> str:
     return (
         f"torchrun --nproc-per-node {tp} -m draftsmith.runtime.cli data {step} "
@@ -138,7 +147,7 @@ def run_step(args, step: str, work: Callable) -> dict | None:
                 launch.world,
                 plan.layout.dp,
                 plan.layout.tp,
-                "tensor parallel" if plan.layout.tp > 1 else "the target whole on each",
+                group_words(plan.layout),
                 args.shard_index * plan.layout.dp,
                 plan.num_shards,
             )

@@ -24,13 +24,11 @@ terms (MEMORY_TERMS: EAGLE-3's unroll, MTP's modules, Medusa's heads):
 
 Peak = resident + the larger of batch building and the step (+ on a GPU: CUDA context, NCCL buffers,
 allocator slack); an offline run yet to capture adds a capture phase (train/preflight_capture.py).
-Positions count as supervised everywhere and rows at full length (the worst case). `Setup.tp` > 1 is
-`target_placement=tp` over that many ranks (runtime/core/placement.py: the layers split, the embedding,
-final norm and LM head whole on every rank); the report also tries it as a what-if to say what would fit.
-Activation dtypes follow the precision: "fp32" (CPU runs), "amp" (autocast over float32 parameters:
-DDP/FSDP on GPUs), "half" (DeepSpeed's bf16 module, no autocast). Sizes are estimates; GB are 1e9 bytes.
-MoE and MLA targets (Qwen3-MoE, Mixtral, DeepSeek-V3) take their weights per rank, KV cache and layer
-working set from train/preflight_families.py.
+Positions count as supervised everywhere and rows at full length (the worst case). `Setup.tp` > 1 is a
+group of that many ranks (runtime/core/placement.py: `tp`, or `ep` with `Setup.dense` False where only the
+experts split). Activation dtypes: "fp32" (CPU), "amp" (autocast over float32 parameters: DDP/FSDP on
+GPUs), "half" (DeepSpeed's bf16 module). Estimates; GB are 1e9 bytes. MoE and MLA targets take their
+weights per rank, KV cache and layer working set from train/preflight_families.py.
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ from draftsmith.train.preflight_bytes import (  # noqa: F401 (Term, count: re-ex
 from draftsmith.train.preflight_families import tp_is_what_if
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters, lora_parameters
 
-# DeepSpeed's defaults (its zero_optimization docs): reduce_bucket_size and stage3_max_live_parameters.
-ZERO_BUCKET, ZERO3_LIVE = 5e8, 1e9
+ZERO_BUCKET, ZERO3_LIVE = 5e8, 1e9  # DeepSpeed's reduce_bucket_size, stage3_max_live_parameters defaults
 
 
 # ---- what is estimated ---------------------------------------------------------------------------------
@@ -128,7 +125,8 @@ class Setup:
     world_size: int = 1
     device: str = "cuda"  # cuda | cpu
     precision: str = "bf16"  # no (fp32) | bf16 | fp16
-    tp: int = 1  # target_placement=tp: the decoder layers split over this many ranks (1 = replicate)
+    tp: int = 1  # target_placement=tp|ep: the decoder layers split over this many ranks (1 = replicate)
+    dense: bool = True  # attention and dense MLPs split over them too (False: ep with attention whole)
 
     @property
     def mode(self) -> str:
@@ -190,10 +188,11 @@ def resident_terms(s: TargetShapes, k: Knobs, setup: Setup, head_params: int) ->
         if setup.tp > 1
         else "whole on every rank"
     )
-    if not offline and not s.arch.dense:  # MoE / MLA: each parameter's own TP share (preflight_families.py)
-        weights = s.arch.weights_per_rank(whole, setup.tp)
-        what_if = " (what-if)" if tp_is_what_if(s) else ""  # DeepSeek-V3: the TP loader refuses it
-        where = s.arch.describe() + (f"; TP split over {setup.tp} ranks{what_if}" if setup.tp > 1 else "")
+    if not offline and not s.arch.dense:  # MoE / MLA: each parameter's own share (preflight_families.py)
+        weights = s.arch.weights_per_rank(whole, setup.tp, setup.dense)
+        what_if = " (what-if)" if setup.dense and tp_is_what_if(s) else ""  # DeepSeek-V3 refuses tp, not ep
+        split = f"; {'TP' if setup.dense else 'experts EP, attention whole,'} split over {setup.tp} ranks"
+        where = s.arch.describe() + (split + what_if if setup.tp > 1 else "")
     how = f"{count(s.params)} params x {s.dtype_bytes} B, {where}"
     terms = [Term("target weights", weights, how, "resident")]
     terms += trainable_terms("head", head_params, 4, setup, with_params=True)
@@ -245,12 +244,13 @@ def trainable_terms(label: str, n: int, p: int, setup: Setup, with_params: bool 
     return terms if with_params else terms[1:]
 
 
-def target_forward_bytes(s: TargetShapes, mode: str, tp: int) -> float:
+def target_forward_bytes(s: TargetShapes, mode: str, tp: int, dense: bool = True) -> float:
     """One decoder layer's transient working set per token under no_grad (the larger of a norm's fp32
-    copies and the MLP's three [I] tensors), split by tensor parallelism."""
+    copies and the MLP's three [I] tensors), split by tensor parallelism (`dense` False: ep with the
+    attention and dense MLPs whole, only the experts split)."""
     b = 4 if mode == "fp32" else s.dtype_bytes
     if not s.arch.dense:  # MoE experts, MLA's expanded keys and values (train/preflight_families.py)
-        return s.arch.forward_work(mode, b, s.hidden, tp)
+        return s.arch.forward_work(mode, b, s.hidden, tp, dense)
     norm = 2 * b * s.hidden + (0 if mode == "fp32" else 8 * s.hidden)
     mlp = 2 * b * s.hidden + 3 * b * s.intermediate / tp
     return max(norm, mlp)
@@ -268,8 +268,8 @@ def eagle3_batch_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
         kv = s.layers * 2 * s.kv_width * b / setup.tp
         width = f"2 x {s.kv_width}"
         if not s.arch.dense:  # MLA's latent cache, KV heads replicated past num_key_value_heads ranks
-            kv, width = s.arch.kv_cache_bytes(b, setup.tp), f"{s.arch.cache_width}"
-        ws = target_forward_bytes(s, setup.mode, setup.tp)
+            kv, width = s.arch.kv_cache_bytes(b, setup.tp, setup.dense), f"{s.arch.cache_width}"
+        ws = target_forward_bytes(s, setup.mode, setup.tp, setup.dense)
         row = k.length * (kv + max(ws + b * a_h, 2 * b * a_h + b * s.hidden))
         how = f"per row: KV cache ({s.layers} layers x {width} x {b} B / token), a layer's work"
         terms.append(
@@ -372,7 +372,7 @@ def target_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
     h, v, b, cotrain = s.hidden, s.vocab, s.dtype_bytes, k.cotrain is not None
     terms = []
     if k.mode == "online" and (not cotrain or k.self_distill):  # the frozen target's or the teacher's
-        ws = tokens * (target_forward_bytes(s, mode, setup.tp) + 2 * b * h + t)  # + a [B, 1, T, T] bool mask
+        ws = tokens * (target_forward_bytes(s, mode, setup.tp, setup.dense) + 2 * b * h + t)  # + bool mask
         terms.append(Term("target forward (no_grad)", ws, "a layer's working set, [B,1,T,T] mask", "batch"))
     if cotrain:  # the target runs with gradients: every layer keeps its activations
         per_layer = layer_saved(s, "half" if mode != "fp32" else mode, True, s.qk_norm) + kernel_saved(

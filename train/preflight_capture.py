@@ -39,10 +39,12 @@ from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.train.preflight import Estimate, Knobs, Setup, count, target_forward_bytes
 from draftsmith.train.preflight_bytes import Term, gpu_overheads
 from draftsmith.train.preflight_report import (
+    NODE,
     STRATEGY_NAMES,
     Budget,
     DoesNotFit,
     device_budget,
+    ep_sizes,
     fmt,
     load_shapes,
     setup_of,
@@ -100,13 +102,14 @@ def local_target(spec: str, dtype: torch.dtype):
 
 
 # ---- the capture's bytes per rank ----------------------------------------------------------------------
-def row_bytes(s: TargetShapes, length: int, aux: int, tp: int, caches: int = 1) -> float:
+def row_bytes(s: TargetShapes, length: int, aux: int, tp: int, caches: int = 1, dense: bool = True) -> float:
     """One row's no_grad forward (data_recipes/capture.py capture_batch): `caches` KV caches of `length`
     tokens, one layer's working set, and the states it keeps (each aux layer's output, their
-    concatenation, the last hidden state and its copy), split as tensor parallelism over `tp` splits them."""
+    concatenation, the last hidden state and its copy), split as tensor parallelism over `tp` splits them
+    (`dense` False: ep, only the experts split)."""
     b = s.dtype_bytes
-    kv = s.arch.kv_cache_bytes(b, tp) if not s.arch.dense else s.layers * 2 * s.kv_width * b / tp
-    work = target_forward_bytes(s, "fp32" if b == 4 else "half", tp)
+    kv = s.arch.kv_cache_bytes(b, tp, dense) if not s.arch.dense else s.layers * 2 * s.kv_width * b / tp
+    work = target_forward_bytes(s, "fp32" if b == 4 else "half", tp, dense)
     during = work + b * (aux + 1) * s.hidden  # the layers run: the aux outputs so far, the hidden state
     after = 2 * b * (aux + 1) * s.hidden  # torch.cat of the aux outputs; the last hidden state cloned
     return length * (caches * kv + max(during, after))
@@ -142,7 +145,8 @@ def draftsmith_capture(
         terms.append(Term("target parts (training's)", s.part_bytes, how, "resident"))
     caches = MIRRORED_CACHES if tp > 1 else 1  # a TP follower keeps the driver's last two caches
     how = f"T={k.length}: {caches} KV cache(s), a layer's work, {aux} aux + last states"
-    terms.append(Term("capture forward (one row)", row_bytes(s, k.length, aux, tp, caches), how, "batch"))
+    forward = row_bytes(s, k.length, aux, tp, caches, setup.dense)
+    terms.append(Term("capture forward (one row)", forward, how, "batch"))
     return phase_estimate(s, k, setup, terms)
 
 
@@ -186,7 +190,10 @@ class CapturePlan:
 def launched(job: CaptureJob, extra: list[str]) -> str:
     """The capture under torchrun over the run's ranks (data_recipes/tp_steps.py), or alone on one."""
     n = job.setup.world_size
-    words = [w.format(n=n) for w in TORCHRUN] + list(job.words[1:]) if n > 1 else list(job.words)
+    torchrun = [w.format(n=n) for w in TORCHRUN]
+    if n > NODE and n % NODE == 0:  # several nodes: run the same line on each (--node-rank, --rdzv-*)
+        torchrun[1:3] = ["--nnodes", str(n // NODE), "--nproc-per-node", str(NODE)]
+    words = torchrun + list(job.words[1:]) if n > 1 else list(job.words)
     return shlex.join(words + extra)
 
 
@@ -240,8 +247,19 @@ def vllm_tp(job: CaptureJob) -> Iterator[CapturePlan]:
         yield CapturePlan(what, est.peak, command, VLLM_SHARE)
 
 
-# Each yields the placements it can run, mildest first; expert parallelism would be one more entry.
-CANDIDATES = [draftsmith_replicate, draftsmith_tp, vllm_tp]
+def draftsmith_ep(job: CaptureJob) -> Iterator[CapturePlan]:
+    """Expert parallelism for a MoE target (runtime/core/placement.py): the experts E/n a rank, attention
+    split where the heads allow; it goes past TP's KV-head cap (Qwen3-235B-A22B: 4) and takes MLA."""
+    for n, dense in ep_sizes(job.shapes, job.setup.world_size):
+        setup = replace(job.setup, tp=n, dense=dense)
+        est = draftsmith_capture(job.shapes, job.knobs, setup, job.aux, parts=False, placement="ep")
+        attention = "attention split too" if dense else "attention whole"
+        what = f"draftsmith's engine, experts over {n} ranks ({attention})"
+        yield CapturePlan(what, est.peak, launched(job, placement_flags("ep", n)))
+
+
+# Each yields the placements it can run, mildest first.
+CANDIDATES = [draftsmith_replicate, draftsmith_tp, draftsmith_ep, vllm_tp]
 
 
 def plans(job: CaptureJob) -> Iterator[CapturePlan]:

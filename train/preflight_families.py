@@ -173,9 +173,11 @@ class TargetArch:
         """Bytes per token of draftsmith's KV cache over every layer on one rank (MLA: replicated)."""
         return self.layers * self.cache_width * b / (1 if self.mla or not dense else self.kv_ranks(tp))
 
-    def forward_work(self, mode: str, b: int, hidden: int, tp: int) -> float:
+    def forward_work(self, mode: str, b: int, hidden: int, tp: int, dense: bool = True) -> float:
         """The largest transient working set per token of one layer under no_grad: a norm's fp32 copies,
-        the attention's projections (MLA: the expanded keys and values), a dense MLP, or a MoE layer."""
+        the attention's projections (MLA: the expanded keys and values), a dense MLP, or a MoE layer
+        (`dense` False: ep, the attention and dense MLPs whole on each rank, only the experts split)."""
+        experts, tp = tp, tp if dense else 1
         norm = 2 * b * hidden + (0 if mode == "fp32" else 8 * hidden)
         if self.mla:  # q, kv_b_proj's [k_nope; v], keys [k_nope; k_rot], output: per head, split by heads
             per_head = 2 * self.q_head_dim + self.nope_head_dim + 2 * self.v_head_dim
@@ -183,15 +185,17 @@ class TargetArch:
             per_head = 2 * self.q_head_dim + 2 * self.v_head_dim * self.kv_heads / self.heads
         attention = 2 * b * hidden + b * self.heads * per_head / tp
         mlp = 2 * b * hidden + 3 * b * self.dense_intermediate / tp
-        return max(norm, attention, mlp, self.moe_work(b, hidden, tp))
+        return max(norm, attention, mlp, self.moe_work(b, hidden, experts, tp))
 
-    def moe_work(self, b: int, hidden: int, tp: int) -> float:
+    def moe_work(self, b: int, hidden: int, ep: int, tp: int | None = None) -> float:
         """A MoE layer per token (grouped_mm): input and output, the router's logits (its dtype) and fp32
-        scores, the k copies of the token with their [2 I_e] and [I_e] projections, the shared experts."""
+        scores, the k copies of the token with their [2 I_e] and [I_e] projections on the ep ranks
+        holding their experts, the shared experts (split over tp, or whole)."""
         if not self.moe_layers:
             return 0.0
+        tp = ep if tp is None else tp
         router = (self.router_bytes + 8) * self.experts + 16 * self.top_k  # logits, scores, top-k
-        routed = self.top_k * b * (hidden + 3 * self.expert_intermediate / tp)
+        routed = self.top_k * b * (hidden + 3 * self.expert_intermediate / ep)
         return 2 * b * hidden + router + routed + 3 * b * self.shared_intermediate / tp
 
     def describe(self) -> str:

@@ -113,13 +113,18 @@ def header(est: Estimate, budget: Budget) -> list[str]:
     ]
 
 
+def group_name(setup: Setup) -> str:
+    """TP=4, EP=8 (experts only: attention whole), or nothing for a replicated target."""
+    if setup.tp == 1:
+        return ""
+    return f" TP={setup.tp}" if setup.dense else f" EP={setup.tp}"
+
+
 def table(estimates: list[Estimate], budget: Budget, capture=None) -> str:
     """Terms as rows, one column per estimate (strategy); the formulas when there is one column. With a
     `capture` phase (train/preflight_capture.py CapturePhase), its rows first and the peak their max."""
     names = list(dict.fromkeys(t.name for e in estimates for t in e.terms))
-    cols = [
-        STRATEGY_NAMES[e.setup.strategy] + (f" TP={e.setup.tp}" if e.setup.tp > 1 else "") for e in estimates
-    ]
+    cols = [STRATEGY_NAMES[e.setup.strategy] + group_name(e.setup) for e in estimates]
     width = max(len(n) for n in names) + 2
     if capture is not None:
         width = max([width, 36] + [len(t.name) + 2 for t in capture.estimate.terms])
@@ -179,6 +184,21 @@ def tp_sizes(shapes: TargetShapes, world: int) -> list[int]:
     return sizes
 
 
+def ep_sizes(shapes: TargetShapes, world: int) -> list[tuple[int, bool]]:
+    """The sizes > 1 `target_placement=ep` takes for a MoE target over `world` ranks on one node, each
+    with whether its attention splits too (runtime/core/placement.py check_placement); [] for dense."""
+    from draftsmith.runtime.core.placement import check_placement
+
+    sizes = []
+    for n in range(2, world + 1):
+        try:
+            layout = check_placement(shapes.config, "ep", None, world, 0, world, ep_size=n)
+        except BadInputError:
+            continue
+        sizes.append((layout.tp, layout.dense))
+    return sizes
+
+
 def change_groups(est: Estimate) -> list[list[tuple[str, dict, dict]]]:
     """Kinds of change that lower the peak, each a list of (what to set, knob changes, setup changes),
     mildest first."""
@@ -192,6 +212,8 @@ def change_groups(est: Estimate) -> list[list[tuple[str, dict, dict]]]:
     if k.cotrain is None:  # a frozen target can be split; a co-trained one trains whole
         tps = tp_sizes(s, setup.world_size)
         groups.append([(f"target_placement=tp tp_size={t}", {}, {"tp": t}) for t in tps if t > setup.tp])
+        eps = [(n, d) for n, d in ep_sizes(s, setup.world_size) if n > setup.tp or not (setup.dense or d)]
+        groups.append([(f"target_placement=ep ep_size={n}", {}, {"tp": n, "dense": d}) for n, d in eps])
     if k.mode == "online" and k.cotrain is None:
         groups.append(
             [("data.mode=offline (a capture first: draftsmith data capture)", {"mode": "offline"}, {})]
@@ -296,10 +318,12 @@ def load_shapes(cfg, device_type: str, resolve: bool) -> TargetShapes:
 def check_before_load(cfg, acc) -> Estimate | None:
     """Estimate this run before its target loads; print the table; refuse (train.preflight=check) or
     warn when it exceeds the device's memory."""
-    from draftsmith.runtime.core.placement import configured_tp
+    from draftsmith.runtime.core.placement import configured_tp, splits_dense
 
     setup = replace(setup_of(acc, cfg.train.mixed_precision), tp=configured_tp(cfg, acc.num_processes))
     shapes = load_shapes(cfg, setup.device, resolve=True)
+    if setup.tp > 1:
+        setup = replace(setup, dense=splits_dense(shapes.config, cfg.target_placement, setup.tp))
     knobs = Knobs.from_config(cfg, shapes)
     try:
         est = estimate_cached(shapes, knobs, setup)
@@ -318,45 +342,4 @@ def check_before_load(cfg, acc) -> Estimate | None:
     return est
 
 
-def preflight_report(cfg, world_size: int | None = None) -> str:
-    """`draftsmith train --preflight`: the table for every strategy over the ranks, and what would fit
-    under the best one; reads the target's config.json only."""
-    from draftsmith.runtime.core.placement import check_placement
-    from draftsmith.train.preflight_capture import capture_phase, offline_advice
-
-    cuda = torch.cuda.is_available()
-    device = "cpu" if cfg.device == "cpu" else "cuda"  # without a GPU the table models one
-    world = world_size or int(os.environ.get("WORLD_SIZE", "0")) or (torch.cuda.device_count() if cuda else 8)
-    precision = cfg.train.mixed_precision  # "auto" as trainer.requested_precision reads it
-    if precision == "auto":
-        precision = "bf16" if device == "cuda" else "no"
-    shapes = load_shapes(cfg, device, resolve=False)
-    tp = check_placement(shapes.config, cfg.target_placement, cfg.tp_size, world, 0, world, cfg.ep_size).tp
-    knobs = Knobs.from_config(cfg, shapes)
-    strategies = ["single"] if world == 1 else ["ddp", "zero2"] + ([] if knobs.cotrain else ["zero3", "fsdp"])
-    estimates = [estimate_cached(shapes, knobs, Setup(s, world, device, precision, tp)) for s in strategies]
-    here = torch.device("cpu") if device == "cpu" else torch.device("cuda", 0) if cuda else None
-    budget = device_budget(cfg, here)
-    best = min(estimates, key=lambda e: e.peak)
-    capture = capture_phase(cfg, shapes, knobs, estimates[0].setup)  # offline, no finished capture yet
-    lines = [table(estimates, budget, capture)]
-    if capture is not None and capture.estimate.peak > budget.bytes:
-        what = "; ".join(f"{t.name} {fmt(t.bytes)}" for t in capture.estimate.largest(3))
-        lines.append(f"the capture phase does not fit ({capture.where()}); the largest terms: {what}")
-        lines.append("what would fit the capture:\n  " + "\n  ".join(capture.advice(budget)))
-    elif capture is not None:  # the same capture as its own job, for a run that should not make it
-        steps = [capture.prepare] if capture.prepare else []
-        steps.append(capture.own_command())
-        lines.append("the capture fits in the job; to make it beforehand instead:\n  " + "\n  ".join(steps))
-    if best.peak > budget.bytes:
-        what = "; ".join(f"{t.name} {fmt(t.bytes)}" for t in best.largest(3))
-        lines.append(
-            f"does not fit under any strategy; the largest terms "
-            f"({STRATEGY_NAMES[best.setup.strategy]}): {what}"
-        )
-        fits = would_fit(best, budget.bytes)
-        if any(line.startswith("data.mode=offline") for line in fits):  # and its capture, planned
-            at = next(i for i, line in enumerate(fits) if line.startswith("data.mode=offline")) + 1
-            fits[at:at] = offline_advice(cfg, shapes, knobs, best.setup, budget)
-        lines.append("what would fit:\n  " + "\n  ".join(fits))
-    return "\n".join(lines)
+NODE = 8  # GPUs per node the smallest-setup line assumes (an 8 x H100 / H200 node)

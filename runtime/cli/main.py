@@ -324,7 +324,7 @@ def run_train(args: argparse.Namespace) -> None:
     from draftsmith.train.config import load_train_config
 
     if args.preflight:
-        from draftsmith.train.preflight_report import preflight_report
+        from draftsmith.train.preflight_plan import preflight_report
 
         if args.world_size is not None and args.world_size < 1:
             raise BadInputError("--world-size", args.world_size, "an integer >= 1")

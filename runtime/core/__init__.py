@@ -6,8 +6,8 @@
   per-layer-type rope), `targets` (resolving --target specs, GGUF conversion cache),
   `target_parts` (offline training's embedding, norm and LM head alone), `checkpoint_index` (where each
   tensor of a sharded checkpoint lives; `block_fp8`: DeepSeek-V3's block-scaled FP8 read dequantized),
-  `placement` (the frozen target whole on every rank or tensor parallel), `placement_moe` (its split of
-  MoE experts);
+  `placement` (the frozen target whole on every rank, tensor or expert parallel), `placement_moe` (its
+  split of MoE experts), `transformers_range` (the transformers releases those splits are tested on);
 - caches and attention: `kv_cache`, `masks`, `kernel_attention` (tree attention through draftsmith.kernels),
   `mla` (what an MLA target's cache holds: a latent and a rope key of two widths);
 - `quantize`: weight-only int8/int4 (CPU) and fp8 (CUDA) linears for the target and for drafts;

@@ -252,12 +252,16 @@ def check_group_size(config, layout: Layout, key: str, local: int) -> None:
             f"a size that divides the target's {', '.join(f'{k}={v}' for k, v in bad.items())}",
             f"sizes that divide {', '.join(sizes)} and the {world} process(es): {fits}",
         )
-    if world % n or local % n:
+    # a TP group stays inside a node (an all-reduce per layer); an expert group may span whole nodes
+    across = key == EP_KEY and n % local == 0
+    if world % n or (local % n and not across):
         where = f"{world} process(es)" if world % n else f"{local} process(es) per node"
+        whole_nodes = f", or whole nodes ({EP_KEY}: a multiple of {local})" if key == EP_KEY else ""
         raise BadInputError(
             key,
             n,
-            f"a divisor of the {where} (the (dp, {key}) mesh: world = dp x {key}, each group on one node)",
+            f"a divisor of the {where} (the (dp, {key}) mesh: world = dp x {key}, each group on one node"
+            f"{whole_nodes})",
             f"launch a multiple of {n} processes per node, or set {key} to a divisor of {local}",
         )
 
@@ -269,6 +273,12 @@ def configured_tp(cfg, world: int) -> int:
         return 1
     size = cfg.tp_size if cfg.target_placement == "tp" else getattr(cfg, "ep_size", None)
     return size or world
+
+
+def whole_plan(config) -> dict[str, str]:
+    """A TP plan that keeps every dense rule's module whole: the EP plan alone across the group. (5.25 reads
+    an empty tp_plan so; 5.24 refuses an empty plan with tp_size > 1, so each rule is set to replicate.)"""
+    return {**{f"model.{rule}": "replicate" for rule in tp_plan(config)}, **WHOLE}
 
 
 def load_tensor_parallel(path, config, layout: Layout, dtype: torch.dtype, device: torch.device):
@@ -299,10 +309,9 @@ def load_tensor_parallel(path, config, layout: Layout, dtype: torch.dtype, devic
             return distributed_config, device, meshes
 
     OnOurMesh.__name__ = OnOurMesh.__qualname__ = base.__name__
-    # tp_plan={}: no tensor-parallel rule at all (attention whole), the EP plan alone across the group
     distributed = DistributedConfig(
         tp_size=n,
-        tp_plan=dict(WHOLE) if layout.dense else {},
+        tp_plan=dict(WHOLE) if layout.dense else whole_plan(config),
         ep_size=n if layout.experts else 1,
         ep_implementation=placement_moe.EP_IMPLEMENTATION,
     )

@@ -8,7 +8,8 @@
   trees `medusa_tree`: cartesian and sparse), `dflash` (the DFlash block drafter),
   `peagle` (P-EAGLE: the EAGLE-3 head drafting K positions in one forward), `aux_layers` (which
   target hidden states feature heads read);
-- engine layouts: `layouts` (EAGLE-3: vLLM, SGLang, speculators), `mtp_layout` (DeepSeek-V3's),
+- engine layouts: `layouts` (EAGLE-3: vLLM, SGLang, speculators), `mtp_layout` (DeepSeek-V3's;
+  `mtp_stream` writes it shard by shard),
   `medusa_layout` (vLLM's medusa, FasterDecoding's on import), `dflash_layout` (speculators', z-lab's);
 - `int8_folder`: any kind's head stored int8 in draftsmith's folder, loaded as int8 by `--draft`.
 - `fp8_checkpoint`: EAGLE-3 exports in FP8 with the compressed-tensors `quantization_config` vLLM loads,

@@ -65,8 +65,13 @@ def test_ep_for_a_dense_family_and_sizes_for_the_other_placement_are_refused():
         check_placement(config_of("qwen3_moe"), "tp", None, world=2, ep_size=2)
     with pytest.raises(BadInputError, match=r"ep_size: got 3, .*num_experts=8"):
         check_placement(config_of("mixtral"), "ep", None, world=3, ep_size=3)
-    with pytest.raises(BadInputError, match=r"ep_size: got 4, .*2 process\(es\) per node"):
-        check_placement(config_of("mixtral"), "ep", None, world=4, ep_size=4, local_world=2)
+    six = config_of("mixtral", num_local_experts=6)
+    with pytest.raises(BadInputError, match=r"ep_size: got 3, .*2 process\(es\) per node.*whole nodes"):
+        check_placement(six, "ep", None, world=6, ep_size=3, local_world=2)  # a group across half a node
+    # an expert group may span whole nodes (a TP group may not)
+    assert check_placement(config_of("mixtral"), "ep", None, world=4, ep_size=4, local_world=2).tp == 4
+    with pytest.raises(BadInputError, match=r"tp_size: got 4, .*2 process\(es\) per node"):
+        check_placement(config_of("mixtral", num_key_value_heads=4), "tp", 4, world=4, local_world=2)
 
 
 def test_the_share_each_rank_holds_under_ep_by_hand():
@@ -168,3 +173,35 @@ def test_a_train_config_with_ep_is_checked_before_anything_loads(overrides, mess
     with pytest.raises(BadInputError, match=message):
         load_train_config(None, overrides)
     assert load_train_config(None, ["target_placement=ep", "ep_size=8"]).ep_size == 8
+
+
+# ---- the preflight under ep (meta-device models of the real configs; estimates) -------------------------
+def qwen235_report(*overrides: str) -> str:
+    from draftsmith.train.config import load_train_config
+    from draftsmith.train.preflight_plan import preflight_report
+
+    cfg = load_train_config(
+        None, ["target=Qwen/Qwen3-235B-A22B", "data.max_length=4096", "train.batch_size=1", *overrides]
+    )
+    return preflight_report(cfg, world_size=8)
+
+
+def test_the_preflight_splits_qwen3_235b_experts_and_names_the_smallest_setup_that_fits():
+    """Qwen3-235B-A22B on 8 x 80 GB at T=4k: its 4 KV heads cap tp at 4 (about 118 GB of weights a rank);
+    ep=8 holds 1/8 of the experts with the attention whole (about 73 GB), which still leaves the online
+    run over 80 GB, so the preflight says so and names 2 nodes with ep=16."""
+    text = qwen235_report("target_placement=ep", "ep_size=8", "train.preflight_device_gb=80")
+    assert "ZeRO-3 EP=8" in text
+    weights = [float(x) for x in text.split("target weights")[1].split("\n")[0].split("GB")[:-1]]
+    assert 70 < min(weights) < 76  # experts / 8 (about 57 GB), attention, embedding, LM head whole
+    assert "does not fit under any strategy" in text
+    assert "smallest setup that fits as configured: 16 ranks (2 node(s)" in text
+    assert "target_placement=ep ep_size=16" in text
+    roomy = qwen235_report("target_placement=ep", "ep_size=8", "train.preflight_device_gb=141")
+    assert "does not fit" not in roomy  # 8 x H200
+
+
+def test_the_preflight_offers_ep_where_tp_cannot_go():
+    text = qwen235_report("train.preflight_device_gb=141")  # replicate: 470 GB of weights a rank
+    fits = text.split("what would fit:")[1]
+    assert "target_placement=tp tp_size=4" in fits or "target_placement=ep ep_size=" in fits, fits

@@ -24,7 +24,7 @@ from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.preflight import Knobs, Setup, estimate, trainable_terms
-from draftsmith.train.preflight_report import preflight_report
+from draftsmith.train.preflight_plan import preflight_report
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters, shipped_targets
 
 LENGTH = 64  # T: every row of the conversations below is clipped to it, so B x T is exact
