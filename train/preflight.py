@@ -10,21 +10,18 @@ what the trainer's code keeps (train/eagle3_data.py, train/eagle3_objective.py, 
 train/heads.py, train/mtp_objective.py, train/medusa_objective.py); the objective's `memory` names whose
 terms (MEMORY_TERMS: EAGLE-3's unroll, MTP's modules, Medusa's heads):
 
-- resident: the target's weights (whole on every rank; offline only its embedding, final norm and LM
-  head), the trainable parameters, their gradients and AdamW's two moments (+ DeepSpeed's fp32 master
-  copy), each divided as the strategy shards it;
+- resident: the target's weights (offline only its embedding, final norm and LM head), the trainable
+  parameters, their gradients and AdamW's moments (+ DeepSpeed's fp32 master), as the strategy shards;
 - batch building, one part after another: online EAGLE-3 runs the frozen target row by row under
   no_grad (a KV cache, one layer's working set, the rows' aux states); the padded states; the target's
   draft-vocabulary distributions, built `train.logit_chunk` rows of [., V] logits at a time;
-- the step: its inputs, what autograd keeps per TTT step or MTP module (norms, the projections' inputs,
-  the MLP's [I] tensors), the attention's tensors (decomposed: causal kernel + diagonal keys; dense, the
-  reference: SDPA over (k+1)T keys with a mask, on GPUs the math kernel and its fp32 scores), what the
-  chunked cross-entropy reads (MTP: [N, V] log-softmax and probabilities), and a working set (a chunk
-  recomputed in backward, backward's first gradients, a step recomputed under activation checkpointing).
+- the step: its inputs, what autograd keeps per TTT step or MTP module (norms, projections' inputs, the
+  MLP's [I] tensors), the attention's (decomposed: causal part + diagonal keys, off the CPU the explicit
+  [T, T] scores; dense: SDPA over (k+1)T keys with a mask), what the chunked cross-entropy reads, and a
+  working set (a chunk recomputed in backward, first gradients, a checkpointed step recomputed).
 
-Peak = resident + the larger of batch building and the step (+ on a GPU: CUDA context, NCCL buffers,
-allocator slack); an offline run yet to capture adds a capture phase (train/preflight_capture.py).
-Positions count as supervised everywhere and rows at full length (the worst case). `Setup.tp` > 1 is a
+Peak = resident + max(batch building, the step) (+ on a GPU: CUDA context, NCCL, allocator slack); an
+offline run yet to capture adds a capture phase (train/preflight_capture.py). Positions count as supervised everywhere and rows at full length (the worst case). `Setup.tp` > 1 is a
 group of that many ranks (runtime/core/placement.py: `tp`, or `ep` with `Setup.dense` False where only the
 experts split). Activation dtypes: "fp32" (CPU), "amp" (autocast over float32 parameters: DDP/FSDP on
 GPUs), "half" (DeepSpeed's bf16 module). Estimates; GB are 1e9 bytes. MoE and MLA targets take their
@@ -282,13 +279,15 @@ def eagle3_batch_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
     return terms
 
 
-def decomposed_saved(s: TargetShapes, mode: str, step: int) -> int:
+def decomposed_saved(s: TargetShapes, mode: str, step: int, explicit: int = 0) -> int:
     """The TTT step's attention without a mask (train/ttt_attention.py) per token: the causal kernel's
     q, out and log-sum-exp, the step's own k and v (step 0's are every step's prefix keys), and for
     k >= 1 the merge's softmax weights and, from half inputs, its fp32 copies of q, out and each
-    diagonal key and value."""
+    diagonal key and value. `explicit` = T off the CPU (causal_attention_math, the default there): each
+    query also keeps its [T] scores and softmax per head, and k, v repeated to every query head."""
     a = act_bytes(mode)
     saved = 2 * a * s.q_width + 4 * s.heads + 2 * a * s.kv_width
+    saved += (2 * a * s.heads * explicit + 2 * a * s.q_width) if explicit else 0
     if step == 0:
         return saved
     saved += (step + 1) * 4 * s.heads
@@ -330,8 +329,9 @@ def eagle3_step_terms(s: TargetShapes, k: Knobs, setup: Setup) -> list[Term]:
         kernels = [tokens * layers * dense_saved(s, mode, setup.device, t, j) for j in range(k.steps)]
         kind = f"dense [T,(k+1)T] mask, {ttt_kernel(s, setup.device)} kernel"
     else:
-        kernels = [tokens * layers * decomposed_saved(s, mode, j) for j in range(k.steps)]
-        kind = "causal kernel + k diagonal keys (no mask)"
+        explicit = t if k.attention == "decomposed" and setup.device != "cpu" else 0
+        kernels = [tokens * layers * decomposed_saved(s, mode, j, explicit) for j in range(k.steps)]
+        kind = ("explicit [T,T] scores" if explicit else "a fused causal kernel") + " + k diagonal keys"
     loss = tokens * k.steps * a * h  # the counted outputs each step's chunked cross-entropy reads
     saved, attention = tokens * (fuse + k.steps * internals), sum(kernels)
     recompute = 0.0

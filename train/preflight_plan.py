@@ -71,7 +71,9 @@ def preflight_report(cfg, world_size: int | None = None) -> str:
             at = next(i for i, line in enumerate(fits) if line.startswith("data.mode=offline")) + 1
             fits[at:at] = offline_advice(cfg, shapes, knobs, best.setup, budget)
         lines.append("what would fit:\n  " + "\n  ".join(fits))
-        lines.append(smallest_setup(best, budget.bytes))
+        more = smallest_setup(best, budget.bytes, best.setup.world_size)
+        if more:
+            lines.append(more)
     return "\n".join(lines)
 
 
@@ -93,14 +95,17 @@ def placements_over(config, world: int, frozen: bool) -> list[tuple[str, int, bo
     return options
 
 
-def smallest_setup(est: Estimate, budget: float, most_nodes: int = 8) -> str:
-    """The fewest nodes of this device on which the run as configured fits (its strategy; the target
-    replicated, tensor parallel inside a node, or expert parallel over whole nodes)."""
+def smallest_setup(est: Estimate, budget: float, beyond: int = 0, most_nodes: int = 8) -> str | None:
+    """The fewest nodes of this device past `beyond` ranks (the ones "what would fit" already tried) on
+    which the run as configured fits: its strategy, the target replicated, tensor parallel inside a node,
+    or expert parallel over whole nodes. None when it fits within `beyond` ranks."""
     for nodes in range(1, most_nodes + 1):
         world = nodes * NODE
         for words, n, dense in placements_over(est.shapes.config, world, est.knobs.cotrain is None):
             peak = trial(est, {}, {"world_size": world, "tp": n, "dense": dense}).peak
             if peak <= budget:
+                if world <= beyond:
+                    return None
                 where = f"{world} ranks ({nodes} node(s) x {NODE} of this device){words}"
                 return f"the smallest setup that fits as configured: {where}: {fmt(peak)}"
     return f"no setup of up to {most_nodes} nodes x {NODE} of this device fits as configured"

@@ -220,6 +220,8 @@ def change_groups(est: Estimate) -> list[list[tuple[str, dict, dict]]]:
         )
     if k.ttt and k.attention == "dense":
         groups.append([("train.ttt_attention=decomposed", {"attention": "decomposed"}, {})])
+    if k.ttt and k.attention != "flex" and setup.device == "cuda":  # O(T) a query, not yet run on a GPU
+        groups.append([("train.ttt_attention=flex (GPU-only, unmeasured)", {"attention": "flex"}, {})])
     if k.ttt and not k.checkpointing:  # it needs the decomposed attention
         label = "train.activation_checkpointing=true" + (
             " train.ttt_attention=decomposed" * (k.attention == "dense")

@@ -189,15 +189,23 @@ def qwen235_report(*overrides: str) -> str:
 def test_the_preflight_splits_qwen3_235b_experts_and_names_the_smallest_setup_that_fits():
     """Qwen3-235B-A22B on 8 x 80 GB at T=4k: its 4 KV heads cap tp at 4 (about 118 GB of weights a rank);
     ep=8 holds 1/8 of the experts with the attention whole (about 73 GB), which still leaves the online
-    run over 80 GB, so the preflight says so and names 2 nodes with ep=16."""
-    text = qwen235_report("target_placement=ep", "ep_size=8", "train.preflight_device_gb=80")
+    run over 80 GB, so the preflight says so and names the fewest nodes: 2 with ep=16 under the head's
+    O(T) FlexAttention (train.ttt_attention=flex), 4 with ep=32 under the explicit scores (the default)."""
+    assert "fits as configured: 32 ranks (4 node(s)" in qwen235_report(
+        "target_placement=ep", "ep_size=8", "train.preflight_device_gb=80"
+    )
+    text = qwen235_report(
+        "target_placement=ep", "ep_size=8", "train.preflight_device_gb=80", "train.ttt_attention=flex"
+    )
     assert "ZeRO-3 EP=8" in text
     weights = [float(x) for x in text.split("target weights")[1].split("\n")[0].split("GB")[:-1]]
     assert 70 < min(weights) < 76  # experts / 8 (about 57 GB), attention, embedding, LM head whole
     assert "does not fit under any strategy" in text
     assert "smallest setup that fits as configured: 16 ranks (2 node(s)" in text
     assert "target_placement=ep ep_size=16" in text
-    roomy = qwen235_report("target_placement=ep", "ep_size=8", "train.preflight_device_gb=141")
+    roomy = qwen235_report(
+        "target_placement=ep", "ep_size=8", "train.preflight_device_gb=141", "train.ttt_attention=flex"
+    )
     assert "does not fit" not in roomy  # 8 x H200
 
 

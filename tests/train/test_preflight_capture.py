@@ -50,8 +50,8 @@ def test_offline_without_a_capture_counts_the_whole_target(tmp_path, capsys):
     assert "capture phase (" in out and "target_placement=replicate" in out
     assert re.search(r"target weights \(the capture\) +141\.1 GB", out)
     assert re.search(r"\n  target weights +4\.2 GB", out)  # the training phase: the parts
-    training = re.search(r"training peak +([\d.]+) GB", out)
-    assert training and float(training.group(1)) < 80
+    training = re.search(r"training peak +([\d.]+) GB +([\d.]+) GB +([\d.]+) GB +([\d.]+) GB", out)
+    assert training and min(map(float, training.groups())) < 80  # under ZeRO (DDP: the head's [T, T] scores)
     assert re.search(r"peak = max\(capture, training\) +1[45]\d\.\d GB", out)
     assert re.search(r"fits in 80\.0 GB\? +NO", out) and "the capture phase does not fit" in out
 
