@@ -21,11 +21,11 @@ terms (MEMORY_TERMS: EAGLE-3's unroll, MTP's modules, Medusa's heads):
   working set (a chunk recomputed in backward, first gradients, a checkpointed step recomputed).
 
 Peak = resident + max(batch building, the step) (+ on a GPU: CUDA context, NCCL, allocator slack); an
-offline run yet to capture adds a capture phase (train/preflight_capture.py). Positions count as supervised everywhere and rows at full length (the worst case). `Setup.tp` > 1 is a
-group of that many ranks (runtime/core/placement.py: `tp`, or `ep` with `Setup.dense` False where only the
-experts split). Activation dtypes: "fp32" (CPU), "amp" (autocast over float32 parameters: DDP/FSDP on
-GPUs), "half" (DeepSpeed's bf16 module). Estimates; GB are 1e9 bytes. MoE and MLA targets take their
-weights per rank, KV cache and layer working set from train/preflight_families.py.
+offline run yet to capture adds a capture phase (train/preflight_capture.py). Every position supervised,
+rows at full length (the worst case). `Setup.tp` > 1: a group of that many ranks (runtime/core/placement.py:
+`tp`, or `ep` with `Setup.dense` False: only the experts split). Activation dtypes: "fp32" (CPU), "amp"
+(autocast over float32 parameters: DDP/FSDP on GPUs), "half" (DeepSpeed's bf16 module). Estimates; GB are
+1e9 bytes. MoE and MLA targets: weights, KV cache and working set from train/preflight_families.py.
 """
 
 from __future__ import annotations
