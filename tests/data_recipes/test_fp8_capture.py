@@ -317,7 +317,6 @@ def test_kept_layers_change_the_capture_and_bad_ids_are_refused(
     with pytest.raises(BadInputError) as err:
         load_train_config(None, [f"output_dir={tmp_path / 'run'}", "data.fp8_bf16_layers=[1]"])
     assert err.value.field == "data.fp8_bf16_layers"
-    cfg = load_train_config(
-        None, [f"output_dir={tmp_path / 'run'}", "data.storage_dtype=fp8", "data.fp8_bf16_layers=[1]"]
-    )
+    fp8 = ["data.mode=offline", "data.storage_dtype=fp8", "data.fp8_bf16_layers=[1]"]
+    cfg = load_train_config(None, [f"output_dir={tmp_path / 'run'}", *fp8])
     assert storage_label(cfg.data) == "fp8-bf16-1"
