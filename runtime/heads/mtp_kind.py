@@ -184,7 +184,7 @@ def _target_dir(options: LayoutOptions, folder: Path, config) -> Path:
         if not (folder / "target").is_dir():
             raise BadInputError("--target", None, f"the co-trained target (expected it in {folder}/target)")
         return folder / "target"
-    found = local_target_folder(config.target)
+    found = local_target_folder(config.target, config.target_weights_hash)  # the weights it was trained on
     if found is None:
         raise BadInputError("--target", None, f"a local copy of {config.target} (the modules' target)")
     return found

@@ -57,3 +57,19 @@ def test_export_medusa_of_a_head_on_the_embedded_target_works_offline(smollm2, o
     assert main(["export", str(tmp_path / "head"), "--format", "medusa", "--out", str(out)]) == 0
     assert (out / "config.json").is_file()
     assert not [c for c in offline if not c[1]]
+
+
+def test_the_mtp_export_takes_the_local_copy_with_the_recorded_weights(tmp_path, monkeypatch):
+    """Two local candidates under one Hub id (the alias's folder first, then the Hub cache's): the MTP
+    export's target is the one whose weights hash to the recorded hash, not the first found."""
+    from types import SimpleNamespace
+
+    from draftsmith.runtime.heads import mtp_kind
+
+    first, second = tmp_path / "alias", tmp_path / "hub-cache"
+    hashes = {first: "aaaaaaaaaaaaaaaa", second: "bbbbbbbbbbbbbbbb"}
+    monkeypatch.setattr(targets, "_local_candidates", lambda name: iter([first, second]))
+    monkeypatch.setattr(targets, "folder_weights_hash", lambda folder: hashes[folder])
+    config = SimpleNamespace(target="org/model", target_weights_hash="bbbbbbbbbbbbbbbb", cotrained=False)
+    options = SimpleNamespace(target=None)
+    assert mtp_kind._target_dir(options, tmp_path / "head", config) == second
