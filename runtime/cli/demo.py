@@ -16,8 +16,16 @@
    side, greedy tokens checked against plain decoding; prints the table and writes the bench's
    `out_dir/bench/` (results.json, meta.json, report.md, plots), plus `out_dir/results.json` (the run's
    summary) and the resolved `out_dir/config.yaml`;
+   Then, where verification is cheap: the same prompts on the target quantized to `quantized` (int4
+   by default, weight-only, CPU kernels), its plain decoding against `quantized_methods` (suffix decoding),
+   interleaved, under `out_dir/bench-QUANTIZED/`: speedups over that target's own plain decoding;
+   and each target's verify-cost curve (one forward over n tokens, the bench's own measurement);
 4. export: the head in each of `export_formats` (default: the official/SGLang EAGLE-3 layout and vLLM's
    speculators layout) under `out_dir/export-FORMAT/`, each with a model card holding the bench rows.
+
+The demo ends with the rows of both targets side by side and a reading of them (runtime/bench/reading.py:
+tau, the verify-cost curve, why a drafter lost or won, where published results say the head pays), printed
+and written to `out_dir/summary.md`.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import platform
+import textwrap
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.resources import files
@@ -32,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.runtime.bench.reading import Block, curve_table, reading, side_by_side, verified_tokens
 from draftsmith.runtime.bench.types import is_baseline
 from draftsmith.runtime.core.config import atomic_write_text, load_config, save_config
 from draftsmith.runtime.core.errors import (
@@ -41,6 +51,7 @@ from draftsmith.runtime.core.errors import (
     read_json,
     renamed_fields,
 )
+from draftsmith.runtime.core.quantize import check_device, parse_quantize
 from draftsmith.runtime.core.row_linear import check_mode
 
 log = logging.getLogger("draftsmith")
@@ -73,6 +84,12 @@ DEMO_FIELDS = {
     "method": "methods",
     "--out": "out_dir",
     "--format": "export_formats",
+    "--quantize": "quantized",
+}
+QUANTIZED_FIELDS = {
+    "--draft": "quantized_methods",
+    "--tree": "quantized_methods",
+    "method": "quantized_methods",
 }
 
 
@@ -97,6 +114,10 @@ class DemoConfig:
         ]
     )  # {head} = the trained head folder
     export_formats: list[str] = field(default_factory=lambda: ["eagle3", "speculators"])
+    # where verification is cheap: the same prompts on the target weight-only quantized (none: skipped),
+    # its plain decoding against these DRAFT@TREE methods ({head} allowed), interleaved
+    quantized: str = "int4"
+    quantized_methods: list[str] = field(default_factory=lambda: ["suffix@chain:2"])
     device: str = "auto"
     dtype: str = "auto"
     cpu_linears: str = "auto"  # auto | torch (runtime/core/row_linear.py)
@@ -113,6 +134,12 @@ class DemoConfig:
         for method in self.methods:
             if not is_baseline(method) and "@" not in method:
                 raise BadInputError("methods", method, "a bench baseline (hf, ...) or DRAFT@TREE")
+        if parse_quantize(self.quantized, None, "quantized") is not None:
+            if not self.quantized_methods:
+                raise BadInputError("quantized_methods", self.quantized_methods, "at least one DRAFT@TREE")
+            for method in self.quantized_methods:
+                if is_baseline(method) or "@" not in method:
+                    raise BadInputError("quantized_methods", method, "DRAFT@TREE (plain runs anyway)")
         kind = self.head_kind()
         for fmt in self.export_formats:  # refused now, not after the training run
             if fmt not in kind.all_layouts():
@@ -247,6 +274,13 @@ def _demo(config_path: str | None, overrides: list[str], quick: bool, train: boo
     flags = (" --quick" if quick else "") + (" --train" if train else "")
     command = "draftsmith demo" + flags + "".join(f" {o}" for o in overrides)
     rows = bench_head(cfg, head, target, out / "bench", command)["rows"]  # prints its table as it goes
+    blocks = [Block(weights_label(target), rows, verify_curve(target, [r["method"] for r in rows]))]
+    quantized = bench_quantized(cfg, head, target, out / f"bench-{cfg.quantized}", command)
+    if quantized is not None:
+        qrows, qtarget = quantized
+        blocks.append(Block(qtarget.quantization, qrows, verify_curve(qtarget, [r["method"] for r in qrows])))
+        del qtarget  # its weights: the export needs none
+    sentences = reading(blocks)
     result = {
         "command": command,
         "config": asdict(cfg),
@@ -255,6 +289,15 @@ def _demo(config_path: str | None, overrides: list[str], quick: bool, train: boo
         "head_validation": last_eval,
         "bench": str(out / "bench"),
         "rows": rows,
+        "quantized": None
+        if quantized is None
+        else {
+            "weights": blocks[1].label,
+            "bench": str(out / f"bench-{cfg.quantized}"),
+            "rows": blocks[1].rows,
+        },
+        "verify_cost_ms": {b.label: b.verify_ms for b in blocks},  # one forward over n = 1, 2, ... tokens
+        "reading": sentences,
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(),
@@ -267,10 +310,15 @@ def _demo(config_path: str | None, overrides: list[str], quick: bool, train: boo
     }
     save_config(cfg, out / "config.yaml")
     atomic_write_text(out / "results.json", json.dumps(result, indent=2))
-    log.info("wrote %s and %s", out / "results.json", out / "config.yaml")
+    atomic_write_text(out / "summary.md", summary_markdown(command, blocks, sentences))
+    log.info("wrote %s, %s and %s", out / "results.json", out / "summary.md", out / "config.yaml")
     result["exports"] = export_head(cfg, head, out / "bench" / "results.json", out)
+    print_reading(blocks, sentences, out / "summary.md")
     broken = [
-        r["method"] for r in rows if r.get("greedy_identical") is False and not r.get("greedy_near_ties_only")
+        f"{b.label} {r['method']}"
+        for b in blocks
+        for r in b.rows
+        if r.get("greedy_identical") is False and not r.get("greedy_near_ties_only")
     ]
     if broken:
         raise DraftsmithError(f"greedy tokens differ from plain decoding for {broken}: see results.json")
@@ -301,6 +349,95 @@ def bench_head(cfg: DemoConfig, head: Path, target, folder: Path, command: str) 
         command=command,
     )
     return run_bench(request, target=target)
+
+
+def bench_quantized(cfg: DemoConfig, head: Path, target, folder: Path, command: str):
+    """Step 3, where verification is cheap: the target loaded again and quantized to `quantized`, its plain
+    decoding against `quantized_methods` on the same prompts, interleaved -> (rows, the quantized target);
+    None when `quantized` is none or the device has no kernel for it (a GPU: int4/int8 are CPU kernels)."""
+    from draftsmith.runtime.bench.run import BenchRequest, run_bench
+    from draftsmith.runtime.core.target import Target
+
+    spec = parse_quantize(cfg.quantized, None, "quantized")
+    if spec is None:
+        return None
+    try:
+        check_device(spec, target.device, "quantized")
+    except BadInputError as err:
+        log.warning("demo 3/4: no rows on a quantized target: %s", err)
+        return None
+    methods = [m.replace("{head}", str(head)) for m in cfg.quantized_methods]
+    log.info("demo 3/4: the same prompts on the target quantized to %s: plain vs %s (the target loads again)",
+             cfg.quantized, ", ".join(methods))  # fmt: skip
+    qtarget = Target.load(cfg.target, device=cfg.device, dtype=cfg.dtype)
+    request = BenchRequest(
+        target=cfg.target,
+        drafts=methods,
+        prompts=cfg.prompt_set,
+        num_prompts=cfg.num_prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        temperatures=[cfg.temperature],
+        batch_sizes=[1],
+        baselines=["plain"],
+        repeats=cfg.repeats,
+        out=str(folder),
+        plots=False,
+        roofline=False,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        cpu_linears=cfg.cpu_linears,
+        quantize=cfg.quantized,
+        command=command,
+    )
+    print(f"\nThe target quantized to {cfg.quantized} (weight-only): speedups over its own plain decoding")
+    with renamed_fields(QUANTIZED_FIELDS):
+        return run_bench(request, target=qtarget)["rows"], qtarget
+
+
+def weights_label(target) -> str:
+    """fp32, bf16, ... or the quantization (int4-g64): what a block's rows ran on."""
+    dtype = str(target.dtype).removeprefix("torch.")
+    return target.quantization or {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+
+
+def verify_curve(target, methods: list[str]) -> list[float]:
+    """The target's verify-cost curve, ms of one forward over n = 1, 2, ... tokens at batch 1, up to the
+    largest tree the methods verify: the bench's own measurement (what `auto:K` measures at start-up)."""
+    from draftsmith.runtime.bench.methods import verify_costs
+
+    nodes = min(max([verified_tokens(m) or 1 for m in methods] + [2]), 16)
+    return [round(1000 * s, 2) for s in verify_costs(target, [1], nodes).seconds[1]]
+
+
+def summary_markdown(command: str, blocks: list[Block], sentences: list[str]) -> str:
+    """out_dir/summary.md: the rows of every target side by side, their verify-cost curves, the reading."""
+    return "\n".join(
+        [
+            "# draftsmith demo: what the rows say",
+            "",
+            f"`{command}`; batch 1; each speedup over the same target's plain decoding, in this run.",
+            "",
+            side_by_side(blocks),
+            "",
+            "Verify-cost curve (one target forward over n tokens after a 128-token prefix, batch 1):",
+            "",
+            curve_table(blocks),
+            "",
+            "## Reading",
+            "",
+            *[f"- {s}" for s in sentences],
+            "",
+        ]
+    )
+
+
+def print_reading(blocks: list[Block], sentences: list[str], path: Path) -> None:
+    """The demo's last lines: the rows side by side and the reading."""
+    print("\nWhat this demo measured (batch 1; each speedup over the same target's plain decoding):")
+    print(side_by_side(blocks))
+    print(f"\nWhat the rows say (also in {path}):")
+    for sentence in sentences:
+        print(textwrap.fill(sentence, width=110, initial_indent="- ", subsequent_indent="  "))
 
 
 def export_head(cfg: DemoConfig, head: Path, bench: Path, out: Path) -> list[str]:

@@ -52,6 +52,32 @@ def test_demo_trains_a_head_and_benches_it(demo_overrides, tmp_path, capsys):
         assert key in json.loads((folder / "config.json").read_text())
         card = (folder / "README.md").read_text()
         assert "| eagle3:" in card and "draftsmith demo" in card  # the bench rows and their command
+    check_reading(results, printed, tmp_path / "demo")
+
+
+def check_reading(results: dict, printed: str, out):
+    """Where verification is cheap: the int4 target's own plain decoding against suffix decoding on the same
+    prompts; then the reading, a function of this run's rows and curves, printed last and in summary.md."""
+    from draftsmith.runtime.bench.reading import Block, reading
+
+    quantized = results["quantized"]
+    assert quantized["weights"].startswith("int4") and quantized["bench"] == str(out / "bench-int4")
+    assert [r["method"] for r in quantized["rows"]] == ["plain", "suffix@chain:2"]
+    assert json.loads((out / "bench-int4" / "results.json").read_text()) == quantized["rows"]
+    assert all(r["num_prompts"] == results["rows"][0]["num_prompts"] for r in quantized["rows"])
+    curves = results["verify_cost_ms"]
+    assert list(curves) == ["fp32", quantized["weights"]]
+    assert len(curves["fp32"]) == 9 and all(ms > 0 for ms in curves["fp32"])  # up to the 9-token tree
+    blocks = [Block("fp32", results["rows"], curves["fp32"])]
+    blocks.append(Block(quantized["weights"], quantized["rows"], curves[quantized["weights"]]))
+    assert results["reading"] == reading(blocks)
+    words = " ".join(printed.split())  # the printed sentences are wrapped
+    assert "What this demo measured" in words and "What the rows say" in words
+    ending = words[words.index("What the rows say") :]
+    assert all(" ".join(s.split()) in ending for s in results["reading"])
+    assert "| int4" in words[words.index("What this demo measured") :]  # both targets, side by side
+    summary = (out / "summary.md").read_text()
+    assert all(s in summary for s in results["reading"]) and "| int4" in summary
 
 
 def test_demo_quick_and_bad_override(demo_overrides, tmp_path, capsys):
@@ -66,6 +92,10 @@ def test_demo_quick_and_bad_override(demo_overrides, tmp_path, capsys):
     assert "export_formats" in capsys.readouterr().err
     assert main(["demo", "methods=[eagle3:{head}]"]) == 2  # a draft needs its tree: DRAFT@TREE
     assert "methods" in capsys.readouterr().err
+    assert main(["demo", "quantized=int3"]) == 2
+    assert "quantized: got 'int3'" in capsys.readouterr().err
+    assert main(["demo", "quantized_methods=[plain]"]) == 2  # plain runs anyway: DRAFT@TREE
+    assert "quantized_methods" in capsys.readouterr().err
 
 
 def test_demo_with_a_given_head_does_not_train(demo_overrides, tmp_path, capsys):
