@@ -367,10 +367,24 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     return args
 
 
+class CurrentStderr(logging.StreamHandler):
+    """A handler that writes to sys.stderr as it is when a record is emitted, not as it was when the handler
+    was made: a caller that swaps stderr (a redirect, pytest's capture) never leaves our log writing to a
+    closed stream ("--- Logging error ---" in front of the next error line)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler.__init__ sets it; the property decides
+        pass
+
+
 def setup_logging(verbose: bool) -> None:
     """Our loggers (draftsmith.*) print `draftsmith: message` lines to the current stderr."""
     logger = logging.getLogger("draftsmith")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = CurrentStderr()
     handler.setFormatter(logging.Formatter("draftsmith: %(message)s"))
     logger.handlers = [handler]
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
