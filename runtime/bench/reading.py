@@ -27,6 +27,7 @@ from draftsmith.runtime.verify.tree import parse_tree_spec
 
 COMPUTE_BOUND = 0.5  # an extra verified token costing >= half a plain step: compute-bound
 MEMORY_BOUND = 0.2  # <= a fifth of a plain step: memory-bound (verification nearly free)
+CONTENDED = 1.5  # a row's verify ms per cycle over the same forward timed alone: something else ran too
 PUBLISHED = (
     "Where the same kind of head pays (published results, not measured here): on a GPU at batch 1 a "
     "decoding step is memory-bound, it reads every weight to emit one token, so a forward over a few more "
@@ -101,8 +102,9 @@ def curve_sentence(block: Block, drafters: list[dict]) -> str:
             [f"{n} / {ms[n - 1] / ms[0]:.2f} = {n * ms[0] / ms[n - 1]:.1f}x on {n} tokens" for n in sizes]
         )
         text += f" So even a drafter accepted in full gains at most {ceilings}, before its drafting."
-        n = sizes[-1]
-        extra = (ms[n - 1] / ms[0] - 1) / (n - 1)  # a plain step's share each extra token costs
+        # a plain step's share each extra token costs, at the dearest of the rows' tree sizes (on a CPU
+        # the curve is not monotonic: 2-3 rows may take a per-row path, 4 and more one GEMM)
+        extra = max((ms[n - 1] / ms[0] - 1) / (n - 1) for n in sizes if n > 1)
         if extra >= COMPUTE_BOUND:
             text += (
                 f" Each extra token costs {extra:.0%} of a plain step: the forward is compute-bound here "
@@ -120,6 +122,25 @@ def curve_sentence(block: Block, drafters: list[dict]) -> str:
                 "verification free) and compute-bound (100%: k tokens cost k steps)."
             )
     return text
+
+
+def contention_sentence(block: Block, drafters: list[dict], names: dict[str, str]) -> str | None:
+    """When the rows' verification took much longer than the same forward timed alone (the curve): the
+    worst such row, and what it means for the speedups; None when they agree."""
+    ms = block.verify_ms
+    measured = [(r, n) for r in drafters if (n := verified_tokens(r["method"])) and n <= len(ms)]
+    ratios = [
+        (r["verify_ms_per_cycle"] / ms[n - 1], r, n) for r, n in measured if r.get("verify_ms_per_cycle")
+    ]
+    if not ratios or max(t[0] for t in ratios) < CONTENDED:
+        return None
+    ratio, r, n = max(ratios, key=lambda t: t[0])
+    return (
+        f"In these rows a verification took up to {ratio:.1f}x the same forward timed alone "
+        f"({names[r['method']]}: {r['verify_ms_per_cycle']:.1f} ms per cycle against {ms[n - 1]:.1f} ms for "
+        f"{n} tokens), most likely other work sharing the cores while the rows ran: rerun on a quiet machine "
+        "before taking these speedups as this machine's."
+    )
 
 
 def cost_clause(row: dict, plain: dict | None, name: str) -> str:
@@ -181,8 +202,9 @@ def cheap_sentence(main: Block, block: Block, names: dict[str, str]) -> str:
 
 def reading(blocks: list[Block]) -> list[str]:
     """The sentences: tau; the verify-cost curve; why drafters lost (only when one did) or won; the
-    cheaper-to-verify blocks; where published results say the head pays."""
-    main, *cheap = blocks
+    cheaper-to-verify blocks; after each block, a warning when its rows' verification took much longer than
+    its curve (a busy machine); where published results say the head pays."""
+    main = blocks[0]
     names = plot_labels(r["method"] for b in blocks for r in b.rows)
     drafters = drafter_rows(main)
     out = [tau_sentence(main, drafters, names)] if drafters else []
@@ -194,7 +216,11 @@ def reading(blocks: list[Block]) -> list[str]:
         out.append(losing_sentence(main, losing, names))
     if winning:
         out.append(winning_sentence(main, winning, names))
-    out += [cheap_sentence(main, block, names) for block in cheap]
+    for block in blocks:
+        if block is not main:
+            out.append(cheap_sentence(main, block, names))
+        if block.verify_ms and (busy := contention_sentence(block, drafter_rows(block), names)):
+            out.append(busy)
     return [*out, PUBLISHED]
 
 

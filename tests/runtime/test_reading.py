@@ -90,6 +90,24 @@ def test_the_curve_says_compute_or_memory_bound(curve, says, not_says):
     assert says in out and not_says not in out
 
 
+def test_the_verdict_is_read_at_the_dearest_tree_size():
+    # this CPU's curve is not monotonic: 3 tokens cost 1.90x one, 9 tokens 2.30x (a real demo run)
+    curve = [47.9, 55.41, 90.8, 76.61, 98.2, 81.86, 104.66, 108.16, 110.15]
+    out = text([fp32(curve=curve)])
+    assert "45% of a plain step, between memory-bound" in out and "nearly free" not in out
+
+
+def test_a_busy_machine_is_named_only_when_the_rows_disagree_with_the_curve():
+    assert not any("timed alone" in s for s in reading([fp32(), int4()]))  # 35.9 vs 36.0 ms, 14.0 vs 14.0
+    busy = fp32()
+    busy.rows[2]["verify_ms_per_cycle"] = 105.0  # ngram@chain:2: 2.92x the 36.0 ms of 3 tokens alone
+    out = reading([busy, int4()])
+    warned = [s for s in out if "timed alone" in s]
+    assert len(warned) == 1 and "up to 2.9x" in warned[0]
+    assert "ngram@chain:2: 105.0 ms per cycle against 36.0 ms for 3 tokens" in warned[0]
+    assert out.index(warned[0]) < next(i for i, s in enumerate(out) if "quantized to" in s)  # its block's
+
+
 def test_the_cheaper_to_verify_block_against_its_own_plain():
     out = reading([fp32(), int4()])
     cheap = [s for s in out if "quantized to int4-g64" in s]
