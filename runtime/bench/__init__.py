@@ -9,5 +9,6 @@ runtime/workers/vllm_worker.py), `llamacpp_method` (llama.cpp baselines through
 runtime/workers/llamacpp_worker.py), `worker_method` (the process handling both share), `ssd_replay` (the SSD
 replay simulator: recorded cycles + a hardware pair's costs -> predicted tokens/s), `ssd_costs` (per-step
 costs of a 70B target on H100s and its drafters, from bytes / bandwidth, overheads and all-reduces) and
-`ssd_projection` (the simulator's projected table for that pair, from a published acceptance profile).
+`ssd_projection` (the simulator's projected table for that pair, from a published acceptance profile);
+`reading` (the demo's closing reading of its own rows: tau, the verify-cost curve, why a drafter lost or won).
 """
