@@ -14,7 +14,6 @@ import os
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train.preflight import Estimate, Knobs, Setup
 from draftsmith.train.preflight_capture import capture_phase, offline_advice
 from draftsmith.train.preflight_report import (
@@ -23,6 +22,7 @@ from draftsmith.train.preflight_report import (
     device_budget,
     estimate_cached,
     fmt,
+    group_sizes,
     load_shapes,
     table,
     trial,
@@ -80,18 +80,12 @@ def preflight_report(cfg, world_size: int | None = None) -> str:
 def placements_over(config, world: int, frozen: bool) -> list[tuple[str, int, bool]]:
     """(words, group size, attention split) for the target whole, and, for a frozen target, every tp size
     inside a node and every ep size (whole nodes allowed) that check_placement takes over `world` ranks."""
-    from draftsmith.runtime.core.placement import SIZE_KEY, check_placement
+    from draftsmith.runtime.core.placement import SIZE_KEY
 
     options = [("", 1, True)]
     for placement in ("tp", "ep") if frozen else ():
-        for n in (n for n in range(2, world + 1) if world % n == 0):
-            try:
-                tp, ep = (n, None) if placement == "tp" else (None, n)
-                layout = check_placement(config, placement, tp, world, 0, NODE, ep)
-            except BadInputError:
-                continue
-            words = f" with target_placement={placement} {SIZE_KEY[placement]}={n}"
-            options.append((words, n, layout.dense))
+        for n, dense in group_sizes(config, placement, world, NODE):
+            options.append((f" with target_placement={placement} {SIZE_KEY[placement]}={n}", n, dense))
     return options
 
 

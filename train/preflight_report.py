@@ -169,34 +169,33 @@ def estimate_cached(shapes: TargetShapes, knobs: Knobs, setup: Setup) -> Estimat
     return estimate(shapes, knobs, setup, _HEAD_PARAMS[key])
 
 
-def tp_sizes(shapes: TargetShapes, world: int) -> list[int]:
-    """The sizes > 1 `target_placement=tp` takes for this target over `world` ranks on one node
-    (runtime/core/placement.py's checks: the family's plan, heads and MLP divisible, a divisor of the
-    world)."""
+def group_sizes(config, placement: str, world: int, local: int | None = None) -> list[tuple[int, bool]]:
+    """The group sizes > 1 that `placement` (tp or ep) takes for this target over `world` ranks with `local`
+    a node (default: one node), each with whether its attention splits too: what
+    runtime/core/placement.py's check_placement accepts (the family's plans, heads, widths and experts
+    divisible, the world and the node)."""
     from draftsmith.runtime.core.placement import check_placement
 
     sizes = []
-    for tp in range(2, world + 1):
+    for n in (n for n in range(2, world + 1) if world % n == 0):
+        tp, ep = (n, None) if placement == "tp" else (None, n)
         try:
-            sizes.append(check_placement(shapes.config, "tp", tp, world, 0, world).tp)
-        except BadInputError:
-            pass
-    return sizes
-
-
-def ep_sizes(shapes: TargetShapes, world: int) -> list[tuple[int, bool]]:
-    """The sizes > 1 `target_placement=ep` takes for a MoE target over `world` ranks on one node, each
-    with whether its attention splits too (runtime/core/placement.py check_placement); [] for dense."""
-    from draftsmith.runtime.core.placement import check_placement
-
-    sizes = []
-    for n in range(2, world + 1):
-        try:
-            layout = check_placement(shapes.config, "ep", None, world, 0, world, ep_size=n)
+            layout = check_placement(config, placement, tp, world, 0, local or world, ep)
         except BadInputError:
             continue
         sizes.append((layout.tp, layout.dense))
     return sizes
+
+
+def tp_sizes(shapes: TargetShapes, world: int) -> list[int]:
+    """The sizes > 1 `target_placement=tp` takes for this target over `world` ranks on one node."""
+    return [n for n, _ in group_sizes(shapes.config, "tp", world)]
+
+
+def ep_sizes(shapes: TargetShapes, world: int) -> list[tuple[int, bool]]:
+    """The sizes > 1 `target_placement=ep` takes over `world` ranks on one node, with whether attention
+    splits too; [] for a dense target."""
+    return group_sizes(shapes.config, "ep", world)
 
 
 def change_groups(est: Estimate) -> list[list[tuple[str, dict, dict]]]:
