@@ -211,10 +211,10 @@ def check_dense_plan(config, family) -> None:
         )
 
 
-def split_sizes(config, layout_dense: bool, experts: bool) -> dict[str, int]:
+def split_sizes(config, dense: bool, experts: bool) -> dict[str, int]:
     """What a group size must divide: the heads and the dense MLP widths where they split, the experts."""
     sizes = {}
-    if layout_dense:
+    if dense:
         sizes["num_attention_heads"] = config.num_attention_heads
         sizes["num_key_value_heads"] = (
             getattr(config, "num_key_value_heads", None) or sizes["num_attention_heads"]
@@ -231,12 +231,9 @@ def splits_dense(config, placement: str, n: int) -> bool:
     if placement == "tp":
         return True
     family = family_of(config)
-    return family.tensor_parallel and not dense_plan_problems(config) and not undivided(config, n, True)
-
-
-def undivided(config, n: int, dense: bool) -> dict[str, int]:
-    """The dense sizes (heads, MLP widths) that `n` does not divide."""
-    return {k: v for k, v in split_sizes(config, dense, False).items() if v % n}
+    if not family.tensor_parallel or dense_plan_problems(config):
+        return False
+    return not any(v % n for v in split_sizes(config, True, False).values())
 
 
 def check_group_size(config, layout: Layout, key: str, local: int) -> None:
