@@ -12,7 +12,7 @@
 # matmul rate, plain decode vs roofline eager and on CUDA graphs (embedded target, random Llama-3.1-8B
 # shape), verification cost for 1..128 nodes at 8B shape (eager and graph replays), end-to-end speedup of
 # the head in runs/eagle3-smollm2-135m/final if carried (eager and +graphs rows); last, one layer's tree
-# attention at 8B shape, SDPA vs the Triton kernel vs FlexAttention (scripts/attention_bench.py).
+# attention at 8B shape, SDPA vs the Triton kernel vs FlexAttention (scripts/studies/attention_bench.py).
 set -uo pipefail
 LIST=0
 for arg in "$@"; do
@@ -100,7 +100,7 @@ TRITON_INTERPRET=0 step 150 "kernel tests" python3 -m pytest -q -p no:cacheprovi
 step 330 "measurements" python3 scripts/gpu_measure.py --out "$OUT/measure.json" --target "$TARGET" \
   $([ -n "$HEAD" ] && [ -d "$HEAD" ] && echo --head "$HEAD") "${MEASURE_ARGS[@]}" \
   2>&1 | tee "$OUT/measure.log"
-step 120 "attention bench" python3 scripts/attention_bench.py --out "$OUT/attention.json" "${ATTENTION_ARGS[@]}" 2>&1 | tee "$OUT/attention.log"
+step 120 "attention bench" python3 scripts/studies/attention_bench.py --out "$OUT/attention.json" "${ATTENTION_ARGS[@]}" 2>&1 | tee "$OUT/attention.log"
 # fp8 linears (--quantize fp8) against the unquantized bf16 target, plain decoding at batch 1
 if [ "$FP8" = 1 ]; then
   for Q in none fp8; do
@@ -116,6 +116,6 @@ fi
 # peak memory (issue 21); on CUDA also the causal part on compiled FlexAttention ("after+flex",
 # train.ttt_attention=flex) against the default's explicit scores ("after")
 for T in $TTT_LENGTHS; do
-  step 60 "ttt step T=$T" python3 scripts/ttt_step_bench.py "${TTT_ARGS[@]}" --length "$T" \
+  step 60 "ttt step T=$T" python3 scripts/studies/ttt_step_bench.py "${TTT_ARGS[@]}" --length "$T" \
     --out "$OUT/ttt_step_$T.json" 2>&1 | tee "$OUT/ttt_step_$T.log"
 done

@@ -1,7 +1,7 @@
 """Import a repository file that is not in a package (scripts/*.py, a worker) by its path, for tests.
 
 from tests.repo_files import load_repo_file
-script = load_repo_file("scripts/fp8_vs_bf16.py")
+script = load_repo_file("scripts/studies/fp8_vs_bf16.py")
 """
 
 import importlib.util

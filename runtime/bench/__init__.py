@@ -4,11 +4,10 @@
 (the methods it times), `types` (what every method returns), `compare` (summaries, greedy identity,
 side-by-side rows), `cycle_fields` (draft / verify ms per cycle, draft share, +ssd cache metrics), `report`
 (results.json, report.md, plots), `prompt_sets` (held-out prompt sets), `roofline` (what plain decoding could
-reach), `side_by_side` and `speed` (timing against transformers), `vllm_method` (vLLM baselines through
-runtime/workers/vllm_worker.py), `llamacpp_method` (llama.cpp baselines through
+reach), `side_by_side` (transformers' `generate()` on the same prompts), `vllm_method` (vLLM baselines
+through runtime/workers/vllm_worker.py), `llamacpp_method` (llama.cpp baselines through
 runtime/workers/llamacpp_worker.py), `worker_method` (the process handling both share), `ssd_replay` (the SSD
-replay simulator: recorded cycles + a hardware pair's costs -> predicted tokens/s), `ssd_costs` (per-step
-costs of a 70B target on H100s and its drafters, from bytes / bandwidth, overheads and all-reduces) and
-`ssd_projection` (the simulator's projected table for that pair, from a published acceptance profile);
-`reading` (the demo's closing reading of its own rows: tau, the verify-cost curve, why a drafter lost or won).
+replay simulator: recorded cycles + a hardware pair's costs -> predicted tokens/s); `reading` (the demo's
+closing reading of its own rows: tau, the verify-cost curve, why a drafter lost or won). Studies built on
+these (the 70B-on-H100 SSD projection, the per-prompt speed harness) live in scripts/studies/.
 """

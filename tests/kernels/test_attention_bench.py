@@ -1,12 +1,12 @@
-"""scripts/attention_bench.py's plumbing on CPU (it runs unattended on a lent GPU): every method is timed on
-every shape and agrees with the fp32 reference; the table prints."""
+"""scripts/studies/attention_bench.py's plumbing on CPU (it runs unattended on a lent GPU): every method is
+timed on every shape and agrees with the fp32 reference; the table prints."""
 
 import torch
 from repo_files import load_repo_file
 
 
 def load_script():
-    return load_repo_file("scripts/attention_bench.py")
+    return load_repo_file("scripts/studies/attention_bench.py")
 
 
 def test_attention_bench_measures_every_method_on_every_shape(capsys):

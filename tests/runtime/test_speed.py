@@ -1,15 +1,17 @@
-"""Side-by-side method comparison (runtime.speed) and the held-out prompt sets (runtime.prompt_sets)."""
+"""The studies' side-by-side method comparison (scripts/studies/speed_compare.py) and the held-out prompt sets
+(runtime/bench/prompt_sets.py)."""
 
 import itertools
 
 import pytest
+from repo_files import load_repo_file
 
 from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START
-from draftsmith.runtime.bench import speed
 from draftsmith.runtime.bench.prompt_sets import load_prompt_set
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
+speed = load_repo_file("scripts/studies/speed_compare.py")
 METHODS = ["plain", "hf", "ngram@chain:2"]
 
 

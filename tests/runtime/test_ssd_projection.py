@@ -1,15 +1,20 @@
-"""The SSD projection's cost model (hand-computed arithmetic) and the replay it feeds (controls with known
-answers). Float tolerances: the costs are a few dozen float64 operations, so rel 1e-12.
+"""scripts/studies/ssd_projection.py, the SSD projection (a study, outside the package): its cost model
+(hand-computed arithmetic) and the replay it feeds (controls with known answers). Float tolerances: the
+costs are a few dozen float64 operations, so rel 1e-12.
 
 OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/runtime/test_ssd_projection.py -q
 """
 
 import math
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from draftsmith.runtime.bench.ssd_costs import (
+# the study imports its sibling ssd_costs.py by name, as it does when run as a script
+sys.path.append(str(Path(__file__).resolve().parents[2] / "scripts" / "studies"))
+from ssd_costs import (
     CALIBRATION_CONTEXT,
     EAGLE3_70B,
     EAGLE3_70B_FC,
@@ -24,7 +29,7 @@ from draftsmith.runtime.bench.ssd_costs import (
     memory_s,
     step_s,
 )
-from draftsmith.runtime.bench.ssd_projection import (
+from ssd_projection import (
     EAGLE3,
     LM_1B,
     Drafter,
@@ -34,6 +39,7 @@ from draftsmith.runtime.bench.ssd_projection import (
     sample_rank,
     synthetic_cycles,
 )
+
 from draftsmith.runtime.bench.ssd_replay import CostModel, simulate
 
 REL = 1e-12

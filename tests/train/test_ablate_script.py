@@ -1,5 +1,5 @@
-"""scripts/ablate_eagle3.py: its table from results (fast), and a smoke run on the tiny target with two
-levers and a 1-second budget each, then a rerun that skips both (slow: ~30 s on a loaded 2-core CPU).
+"""scripts/studies/ablate_eagle3.py: its table from results (fast), and a smoke run on the tiny target with
+two levers and a 1-second budget each, then a rerun that skips both (slow: ~30 s on a loaded 2-core CPU).
 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_ablate_script.py -q -m "slow or not slow"
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from repo_files import load_repo_file
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ablate_eagle3.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "studies" / "ablate_eagle3.py"
 
 
 def load_script():
-    return load_repo_file("scripts/ablate_eagle3.py")
+    return load_repo_file("scripts/studies/ablate_eagle3.py")
 
 
 def result(lever, tau, accs, overrides=()):

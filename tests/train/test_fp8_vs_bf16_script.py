@@ -1,5 +1,5 @@
-"""scripts/fp8_vs_bf16.py: the run names per seed and the seed control's arithmetic, from made-up results
-(fast; the script's training runs take hours and are measured in BENCHMARKS.md).
+"""scripts/studies/fp8_vs_bf16.py: the run names per seed and the seed control's arithmetic, from made-up
+results (fast; the script's training runs take hours and are measured in BENCHMARKS.md).
 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_fp8_vs_bf16_script.py -q
 """
@@ -9,7 +9,7 @@ from repo_files import load_repo_file
 
 
 def load_script():
-    return load_repo_file("scripts/fp8_vs_bf16.py")
+    return load_repo_file("scripts/studies/fp8_vs_bf16.py")
 
 
 def run(accs):

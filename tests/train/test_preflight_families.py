@@ -129,7 +129,7 @@ def test_tp_for_moe_is_real_for_mla_a_what_if(capsys):
     assert main(["train", "--preflight", f"target={DEEPSEEK}", *tp]) == 2
     assert "MLA caches one latent head" in capsys.readouterr().err
     spec = importlib.util.spec_from_file_location(
-        "preflight_table", Path(__file__).resolve().parents[2] / "scripts" / "preflight_table.py"
+        "preflight_table", Path(__file__).resolve().parents[2] / "scripts" / "studies" / "preflight_table.py"
     )
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)

@@ -1,5 +1,5 @@
-"""scripts/speculators_trainer_compare.py --smoke: draftsmith's trainer and speculators' own Trainer on the
-tiny target, 6 steps each (slow: ~25 s on a loaded 2-core CPU).
+"""scripts/studies/speculators_trainer_compare.py --smoke: draftsmith's trainer and speculators' own Trainer
+on the tiny target, 6 steps each (slow: ~25 s on a loaded 2-core CPU).
 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_speculators_compare.py -q -m slow
 
@@ -22,7 +22,7 @@ from tolerances import layer_accumulations, rounding_atol
 
 pytest.importorskip("speculators")
 pytestmark = pytest.mark.slow
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "speculators_trainer_compare.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "studies" / "speculators_trainer_compare.py"
 
 
 @pytest.fixture(scope="module")

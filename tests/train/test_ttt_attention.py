@@ -376,7 +376,7 @@ def test_flex_backend_on_cuda_equals_the_explicit_scores(steps):
 
 
 def test_bench_script_runs_both_paths_and_they_agree(tmp_path):
-    """scripts/ttt_step_bench.py's plumbing on CPU, at a tiny length: every path and K gets a row, the
+    """scripts/studies/ttt_step_bench.py's plumbing on CPU, at a tiny length: every path and K gets a row, the
     before and after losses agree (fp32 PARITY: the recipe's head, ~model_sums of 2 steps), and the
     attention keeps fewer bytes after than before at K = 2."""
     import importlib.util
@@ -385,7 +385,7 @@ def test_bench_script_runs_both_paths_and_they_agree(tmp_path):
 
     from tolerances import model_sums
 
-    path = Path(__file__).parents[2] / "scripts" / "ttt_step_bench.py"
+    path = Path(__file__).parents[2] / "scripts" / "studies" / "ttt_step_bench.py"
     spec = importlib.util.spec_from_file_location("ttt_step_bench", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

@@ -1,6 +1,6 @@
 """Data-recipe measurements behind BENCHMARKS.md (data recipes section), on the embedded target.
 
-    python scripts/bench_data.py --out runs/bench-data
+    python scripts/studies/bench_data.py --out runs/bench-data
 
 1. prepare: the bundled ShareGPT, --prepare-samples kept rows at --max-length, timed.
 2. regeneration throughput: first-turn prompts of --regen-prompts conversations answered by the

@@ -1,7 +1,7 @@
 """Draft time per cycle on SmolLM2-135M: P-EAGLE (K=4, one head forward) vs EAGLE-3 (the same head shape,
 one forward per depth), with the target's 5-token verification for scale.
 
-    OMP_NUM_THREADS=1 python scripts/peagle_draft_time.py [THREADS]
+    OMP_NUM_THREADS=1 python scripts/studies/peagle_draft_time.py [THREADS]
 
 Random heads (the time does not depend on the weights), draft vocabulary 8192, prompts of 96 random
 tokens, each cycle one new (token, feature) pair as in steady decoding with nothing accepted; the methods

@@ -1,7 +1,8 @@
 """SSD projection for a 70B target on H100s: the replay simulator (runtime/bench/ssd_replay.py) fed with
-synthetic cycles from a published acceptance profile and the cost model of runtime/bench/ssd_costs.py.
+synthetic cycles from a published acceptance profile and the cost model next to it (ssd_costs.py). A study:
+it lives outside the installed package and imports its sibling by name (run it as a script).
 
-    python -m draftsmith.runtime.bench.ssd_projection [--tp 4 8] [--fanout 8 16 32] [--depth 7] [--json]
+    python scripts/studies/ssd_projection.py [--tp 4 8] [--fanout 8 16 32] [--depth 7] [--json]
 
 prints a markdown table labeled "projection": plain decoding, the synchronous chain (drafter on the
 target's tensor-parallel ranks, or on its own GPU) and SSD (drafter on its own GPU, pre-drafting the next
@@ -51,7 +52,7 @@ import random
 import sys
 from dataclasses import dataclass
 
-from draftsmith.runtime.bench.ssd_costs import (
+from ssd_costs import (
     BF16,
     EAGLE3_70B,
     EAGLE3_70B_FC,
@@ -62,6 +63,7 @@ from draftsmith.runtime.bench.ssd_costs import (
     Model,
     step_s,
 )
+
 from draftsmith.runtime.bench.ssd_replay import CostModel, Cycle, simulate
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.verify.ssd_fanout import check_budget

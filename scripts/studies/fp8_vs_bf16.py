@@ -1,11 +1,11 @@
 """Two EAGLE-3 heads trained at equal steps on bfloat16 vs fp8 captures of the same data, side by side:
 validation accuracy per TTT step (issue 22's goal: at most 1% relative drop with fp8).
 
-    python scripts/fp8_vs_bf16.py --out runs/fp8-vs-bf16                        # the recipe config
-    python scripts/fp8_vs_bf16.py --out runs/fp8-small --small                  # a pipeline check (minutes)
-    python scripts/fp8_vs_bf16.py --out runs/x --fp8-all train.max_steps=900    # + all-fp8; any overrides
-    python scripts/fp8_vs_bf16.py --out runs/x --seeds 0,1                      # the seed-to-seed control
-    python scripts/fp8_vs_bf16.py --out runs/x --seeds 0,1 --bf16-layers 1      # + fp8 with layer 1 bf16
+    python scripts/studies/fp8_vs_bf16.py --out runs/fp8-vs-bf16                        # the recipe config
+    python scripts/studies/fp8_vs_bf16.py --out runs/fp8-small --small            # a pipeline check (minutes)
+    python scripts/studies/fp8_vs_bf16.py --out runs/x --fp8-all train.max_steps=900  # + all-fp8, overrides
+    python scripts/studies/fp8_vs_bf16.py --out runs/x --seeds 0,1                  # the seed-to-seed control
+    python scripts/studies/fp8_vs_bf16.py --out runs/x --seeds 0,1 --bf16-layers 1   # + fp8 with layer 1 bf16
 
 Both runs share one data folder (OUT/data: prepare and vocab made once, one capture per storage), the same
 seed, sample order and head init, so the captures' storage is the only difference. `--fp8-all` adds a

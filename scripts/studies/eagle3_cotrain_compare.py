@@ -1,9 +1,9 @@
 """An EAGLE-3 head trained against a frozen target next to one trained with the target co-trained, at
 equal steps on the same data (the same config but `cotrain.enabled`), with the co-trained target's drift.
 
-    python scripts/eagle3_cotrain_compare.py --config configs/eagle3-cotrain-lora-smollm2-135m.yaml \
+    python scripts/studies/eagle3_cotrain_compare.py --config configs/eagle3-cotrain-lora-smollm2-135m.yaml \
         --out runs/e3-compare train.max_steps=450
-    python scripts/eagle3_cotrain_compare.py --tiny --out /tmp/e3-compare train.max_steps=100   # seconds
+    python scripts/studies/eagle3_cotrain_compare.py --tiny --out /tmp/e3-compare train.max_steps=100  # secs
 
 Runs `OUT/frozen` (cotrain.enabled=false) and `OUT/cotrained` one after the other (each resumes if
 rerun), then prints one JSON line per run from its last evaluation row: validation accuracy per TTT
@@ -22,7 +22,7 @@ from pathlib import Path
 from draftsmith.train.config import load_train_config
 from draftsmith.train.trainer import train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("step", "accuracy_per_step", "simulated_tau", "loss")
 DRIFT = ("target_val_loss", "original_target_val_loss", "target_kl_to_original", "target_argmax_agreement")
 

@@ -1,12 +1,12 @@
 """Plain decoding against transformers' generate(), and n-gram tau, on each new family's tiny target.
 
-    OMP_NUM_THREADS=1 nice -n 10 python scripts/family_speed.py                   # markdown table
-    OMP_NUM_THREADS=1 python scripts/family_speed.py --families gemma2 --max-new-tokens 32 --json
+    OMP_NUM_THREADS=1 nice -n 10 python scripts/studies/family_speed.py                   # markdown table
+    OMP_NUM_THREADS=1 python scripts/studies/family_speed.py --families gemma2 --max-new-tokens 32 --json
 
 Each family's tiny random model (tests/family_models.py: hidden 64, vocabulary 128, 3-6 layers, saved as
 a sharded safetensors folder under --dir, a temporary folder by default) is loaded through `Target.load`
-(fp32, CPU). At batch 1, `runtime/bench/speed.py` runs plain decoding, transformers' `generate()` (`hf`)
-and `ngram@chain:3` side by side on the same prompts (warm-up first, rotating order, median of
+(fp32, CPU). At batch 1, `speed_compare.py` runs plain decoding, transformers' `generate()` (`hf`) and
+`ngram@chain:3` side by side on the same prompts (warm-up first, rotating order, median of
 --repeats); at batch 4 the whole prompt set is decoded in batches of 4 by draftsmith's engine and by
 `generate()` on left-padded batches (median of --repeats), and by the n-gram drafter. tau is tokens
 committed per target forward (the bonus token counted). "identical" checks at temperature 0 that
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 NGRAM = "ngram@chain:3"
 
@@ -44,8 +44,9 @@ def timed(fn, repeats: int):
 
 
 def measure(target, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
+    from speed_compare import compare_methods
+
     from draftsmith.runtime.bench.side_by_side import hf_generate_batch
-    from draftsmith.runtime.bench.speed import compare_methods
     from draftsmith.runtime.core.engine import generate_plain
     from draftsmith.runtime.core.speculative import generate_speculative
     from draftsmith.runtime.drafters.ngram import NgramDrafter

@@ -2,7 +2,7 @@
 trained recipe head's tensors plus a second layer with small random weights (it perturbs, it does not
 erase what the head learned), so acceptance is high enough for counts to be compared with an engine's.
 
-    python scripts/two_layer_probe_head.py        # reads runs/eagle3-smollm2-135m/final
+    python scripts/studies/two_layer_probe_head.py        # reads runs/eagle3-smollm2-135m/final
     draftsmith bench --prompts sharegpt --num-prompts 6 --max-new-tokens 64 --temperatures 0 \
         --batch-sizes 1 --draft eagle3:runs/eagle3-2layer-probe@chain:2 \
         --baselines plain,vllm-eagle3:runs/eagle3-2layer-probe@chain:2 --no-plots --out runs/bench-2layer-vllm

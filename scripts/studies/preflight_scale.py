@@ -3,8 +3,8 @@
 No weights are read: each target is a meta-device model built from configs/targets/. Every figure is an
 estimate (train/preflight*.py); no GPU has run these targets.
 
-    python scripts/preflight_scale.py                                   # 4 MoE targets x 3 setups x 2k/4k/8k
-    python scripts/preflight_scale.py --targets Qwen/Qwen3-235B-A22B --lengths 4096 train.batch_size=2
+    python scripts/studies/preflight_scale.py                            # 4 MoE targets x 3 setups x 2k/4k/8k
+    python scripts/studies/preflight_scale.py --targets Qwen/Qwen3-235B-A22B --lengths 4096 train.batch_size=2
 
 Per cell, the mildest placement that fits, tried in this order: the target whole on every rank, then
 `target_placement=tp` sizes (inside a node), then `ep` sizes (experts over whole nodes too), each under

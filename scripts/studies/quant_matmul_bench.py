@@ -1,7 +1,7 @@
 """Weight-only quantized matmuls on the CPU: which kernel is fastest for the embedded target's shapes.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/quant_matmul_bench.py            # aten kernels only
-    PYTHONPATH=DIR OMP_NUM_THREADS=1 .venv/bin/python scripts/quant_matmul_bench.py --json out.json
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/studies/quant_matmul_bench.py            # aten kernels only
+    PYTHONPATH=DIR OMP_NUM_THREADS=1 .venv/bin/python scripts/studies/quant_matmul_bench.py --json out.json
 
 It builds, per method, SmolLM2-135M's whole stack of linears with random weights (30 layers of q/o
 576x576, k/v 192x576, gate/up 1536x576, down 576x1536 (N out x K in), then the tied LM head 49152x576)

@@ -1,14 +1,14 @@
 """Runtime measurements behind BENCHMARKS.md (speculative runtime section), on the embedded target.
 
-    python scripts/bench_runtime.py verify-cost                 # one tree verification forward vs node count
-    python scripts/bench_runtime.py speedup --max-new-tokens 64 # drafters vs plain decoding, side by side
-    python scripts/bench_runtime.py compare --prompt-set humaneval --temperatures 0,1 \
+    python scripts/studies/bench_runtime.py verify-cost          # one tree verification forward vs node count
+    python scripts/studies/bench_runtime.py speedup --max-new-tokens 64  # drafters vs plain, side by side
+    python scripts/studies/bench_runtime.py compare --prompt-set humaneval --temperatures 0,1 \
         --methods "hf;ngram@chain:2;eagle3:runs/eagle3-smollm2-135m/final@chain:4"
 
 verify-cost: after a 200-token prefix, time one target forward over N tree nodes (a binary-ish tree,
 tree mask, per-node positions) for N in --nodes, interleaved across N, median of --repeats.
-compare: draftsmith.runtime.bench.speed.compare_methods on a prompt set (sharegpt held out, humaneval,
-jsonl:FILE) at each temperature: plain decoding and every method in a rotating order per prompt (so
+compare: compare_methods (scripts/studies/speed_compare.py) on a prompt set (sharegpt held out,
+humaneval, jsonl:FILE) at each temperature: plain decoding and every method in a rotating order per prompt (so
 drift hits all alike) after a warm-up; tokens/s, speedup of summed tokens/s and the median of per-prompt
 speedups, tau, acceptance per position, draft forwards per token, greedy identity with plain decoding.
 speedup: compare on --prompts (default configs/prompts/runtime-bench.jsonl) at temperature 0.
@@ -66,8 +66,9 @@ def verify_cost(target: Target, nodes: list[int], repeats: int) -> list[dict]:
 
 
 def compare(target: Target, args, meta: dict, out: Path) -> None:
+    from speed_compare import compare_methods, format_rows
+
     from draftsmith.runtime.bench.prompt_sets import load_prompt_set
-    from draftsmith.runtime.bench.speed import compare_methods, format_rows
 
     prompts = [target.encode(t) for t in load_prompt_set(args.prompt_set, args.num_prompts)]
     rows = []
@@ -114,7 +115,8 @@ def main() -> None:
         "date": str(date.today()),
         "machine": platform.processor() or platform.machine(),
         "threads": args.threads,
-        "command": "python scripts/bench_runtime.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "command": "python scripts/studies/bench_runtime.py "
+        + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

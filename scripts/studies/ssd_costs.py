@@ -1,7 +1,7 @@
 """Per-step costs of a hardware pair for the SSD projection: a tensor-parallel target and a drafter on its
 own GPU, from bytes moved over HBM bandwidth, a per-step fixed overhead and NVLink all-reduces.
 
-    from draftsmith.runtime.bench.ssd_costs import H100_SXM, LLAMA_33_70B, step_s
+    from ssd_costs import H100_SXM, LLAMA_33_70B, step_s  # from scripts/studies (ssd_projection.py)
     step_s(LLAMA_33_70B, H100_SXM, tp=4, tokens=8)       # one verification of 7 drafted tokens + 1, seconds
 
 It is a projection, not a measurement: every constant below names its source or says it is an assumption.

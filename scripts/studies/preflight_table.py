@@ -1,15 +1,16 @@
 """The memory preflight's estimate per rank for the shipped target configs, as a markdown table (the one in
 BENCHMARKS.md). No weights are read: each target is a meta-device model built from configs/targets/.
 
-    python scripts/preflight_table.py                                   # EAGLE-3 online, B=1, 8 x 80 GB
-    python scripts/preflight_table.py --lengths 2048,4096 train.batch_size=1 head.draft_vocab_size=32000
+    python scripts/studies/preflight_table.py                                 # EAGLE-3 online, B=1, 8 x 80 GB
+    python scripts/studies/preflight_table.py --lengths 2048,4096 train.batch_size=1 \
+        head.draft_vocab_size=32000
 
 Columns: the peak per rank with the target whole on every rank (target_placement=replicate, the default)
 under each head strategy; then the smallest tp_size of target_placement=tp that fits (the layers split,
 the embedding, final norm and LM head whole), and offline mode (only those three resident), both under
 ZeRO-3. A tick marks what fits the budget.
 
-    python scripts/preflight_table.py --targets moe --lengths 2048,4096   # Qwen3-MoE, Mixtral, DeepSeek-V3
+    python scripts/studies/preflight_table.py --targets moe --lengths 2048,4096  # Qwen3-MoE, Mixtral, DS-V3
 
 For MoE targets (train/preflight_families.py) the TP split keeps every expert on every rank at 1/tp of its
 width (transformers' plan, runtime/core/placement_moe.py). For MLA targets (DeepSeek-V3), which

@@ -3,8 +3,9 @@ mask (the runtime's default, = kernels.tree_attention_ref), the Triton kernel (k
 CUDA) and FlexAttention (gpu_kernels/flex.py), with its block mask built in the call (the per-cycle cost: the
 tree changes every cycle) and prebuilt. Issue 9: FlexAttention replaces the kernel only if measured faster.
 
-    python scripts/attention_bench.py --out runs/gpu-check/attention.json          # on a GPU (gpu_check.sh)
-    python scripts/attention_bench.py --device cpu --compile --context 512 --batches 1 --out /tmp/a.json
+    python scripts/studies/attention_bench.py --out runs/gpu-check/attention.json    # on a GPU (gpu_check.sh)
+    python scripts/studies/attention_bench.py --device cpu --compile --context 512 --batches 1 \
+        --out /tmp/a.json
 
 Shape: Llama-3.1-8B's attention (32 query heads, 8 KV heads, head dim 128), batch 1 and 8, n = 1..128 tree
 nodes (a chain: the mask's shape matters, not its pattern) after `--context` cached tokens. Each method

@@ -1,7 +1,7 @@
 """Draft time per cycle of Medusa heads with a shared, reduced LM head: the draft rows cached
 (runtime/heads/medusa.py `draft_rows`) against sliced on every call (what draft_logits did before).
 
-    OMP_NUM_THREADS=1 python scripts/medusa_rows_timing.py [--repeats 300] [--threads 1]
+    OMP_NUM_THREADS=1 python scripts/studies/medusa_rows_timing.py [--repeats 300] [--threads 1]
 
 The embedded target (SmolLM2-135M, fp32, CPU), 3 heads of one block, a draft vocabulary of 8192 random
 ids, batch 1: one cycle is `heads.logits(target, heads(h))`, what MedusaDrafter.head_logits runs. The two

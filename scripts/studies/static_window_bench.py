@@ -1,7 +1,7 @@
 """The static path's attention windows, side by side: steps attending over the used slots (rounded up to
 SPAN_STEP = 256, runtime/static/forward.py) against over the whole static capacity, and the dynamic path.
 
-    python scripts/static_window_bench.py --head runs/eagle3-smollm2-135m/final --batch 8 --repeats 3
+    python scripts/studies/static_window_bench.py --head runs/eagle3-smollm2-135m/final --batch 8 --repeats 3
 
 Plain decoding and the head's chain:3 at one batch size on held-out ShareGPT prompts (greedy); each
 repeat runs every (method, path) once, in one interleaved order after a warm-up; medians of tokens/s.

@@ -1,10 +1,10 @@
 """Per-rank memory and forward time of the frozen target's placements (README, "Targets larger than one GPU").
 
-    OMP_NUM_THREADS=1 python scripts/placement_bench.py replicate                      # one process
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/placement_bench.py replicate
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/placement_bench.py tp
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/placement_bench.py fsdp      # the alternative
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/placement_bench.py ep --family qwen3_moe
+    OMP_NUM_THREADS=1 python scripts/studies/placement_bench.py replicate                      # one process
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/studies/placement_bench.py replicate
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/studies/placement_bench.py tp
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/studies/placement_bench.py fsdp    # the alternative
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/studies/placement_bench.py ep --family qwen3_moe
 
 A random 8-layer Llama (H 512, MLP 1536, 8/4 heads, V 8192, fp32; saved once under --dir) runs
 `Target.forward` over 4 rows of 256 tokens per rank (a capture of aux layers 1, 3, 6), best of 5. `tp`
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 
 def rss_mb(key: str) -> float:

@@ -1,7 +1,7 @@
 """Draft time per cycle of a DFlash head (block 16, random weights: the time does not depend on them) on the
 embedded SmolLM2-135M, next to the target's 1-token and 16-token forwards at the same context (200 tokens).
 
-    OMP_NUM_THREADS=1 python scripts/dflash_draft_time.py [--layers 1 2] [--cycles 30]
+    OMP_NUM_THREADS=1 python scripts/studies/dflash_draft_time.py [--layers 1 2] [--cycles 30]
 
 A cycle is what `DFlashDrafter.propose` does: project the 3 features committed since the last cycle into
 the context cache, then one forward of the block [root, 15 masks] and the LM head over its 15 positions.

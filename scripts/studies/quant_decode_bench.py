@@ -1,7 +1,7 @@
 """Plain decoding of the embedded target in fp32, int8 and int4 with draftsmith's engine, interleaved.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/quant_decode_bench.py --rounds 3 --tokens 48
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/quant_decode_bench.py --modes fp32,int8,int4,int4:32
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/studies/quant_decode_bench.py --rounds 3 --tokens 48
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/studies/quant_decode_bench.py --modes fp32,int8,int4,int4:32
 
 Loads SmolLM2-135M three times (fp32, `--quantize int8`, `--quantize int4`: runtime/core/quantize.py),
 decodes the same chat prompts greedily at batch 1, one precision after the other per round, and prints

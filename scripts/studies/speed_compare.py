@@ -1,4 +1,6 @@
-"""Side-by-side speed of decoding methods on one prompt set, at one temperature, in one run.
+"""Side-by-side speed of decoding methods on one prompt set, at one temperature, in one run: the studies'
+harness (bench_runtime.py, family_speed.py import it by name); `draftsmith bench` (runtime/bench/run.py) is
+the product's.
 
     rows = compare_methods(target, ["plain", "hf", "ngram@chain:2", "eagle3:DIR@chain:4"], prompts,
                            SamplingParams(temperature=0.0), max_new_tokens=64)

@@ -2,8 +2,8 @@
 before
 the kernels) against the batched call (runtime/verify/batch_accept.py -> draftsmith.kernels), side by side.
 
-    python scripts/accept_step_bench.py                  # CPU: the torch references
-    python scripts/accept_step_bench.py --device cuda    # GPU: the Triton kernels
+    python scripts/studies/accept_step_bench.py                  # CPU: the torch references
+    python scripts/studies/accept_step_bench.py --device cuda    # GPU: the Triton kernels
 
 Shapes: the embedded target's vocabulary (49152), batch 1/4/16, chain:2, chain:4 and static:binary-3;
 temperature 0 and 1. Both sides get the same logits; each timing is the median of interleaved repeats

@@ -1,7 +1,8 @@
 """Issue 25 item 5: each EAGLE-3 training lever for the same wall-clock budget, one table.
 
-    OMP_NUM_THREADS=2 .venv/bin/python scripts/ablate_eagle3.py --minutes-per-run 20 --out runs/ablate-eagle3
-    .venv/bin/python scripts/ablate_eagle3.py --minutes-per-run 20 --levers baseline,loss-tv \\
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/studies/ablate_eagle3.py --minutes-per-run 20 \\
+        --out runs/ablate-eagle3
+    .venv/bin/python scripts/studies/ablate_eagle3.py --minutes-per-run 20 --levers baseline,loss-tv \\
         --self-distilled data/sharegpt-regen.jsonl          # + the self-distilled lever
 
 Levers (train/eagle3_levers.py), each the recipe (`--config`, default configs/eagle3-smollm2-135m.yaml)
@@ -42,7 +43,7 @@ import statistics
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LEVERS = {
     "baseline": [],
     "loss-rkl": ["head.loss=rkl"],
@@ -142,7 +143,7 @@ def table(results: list[dict], minutes: float) -> str:
     head = ["lever", "overrides", "steps", "s/step", "tok/s"]
     head += [f"acc{k}" for k in range(depth)] + ["sim. tau", "vs baseline", "val loss"]
     lines = [
-        f"EAGLE-3 levers, {minutes:g} training minutes each (scripts/ablate_eagle3.py); validation "
+        f"EAGLE-3 levers, {minutes:g} training minutes each (scripts/studies/ablate_eagle3.py); validation "
         "accuracy per TTT step and simulated tau at the end of each run.",
         "",
         "| " + " | ".join(head) + " |",

@@ -2,8 +2,8 @@
 rows in the same order, the same head shape and initial weights, the same number of optimizer steps;
 training tokens/s and validation accuracy per TTT step, both heads scored by ONE function.
 
-    python scripts/speculators_trainer_compare.py --out runs/spec-compare --steps 100            # SmolLM2
-    python scripts/speculators_trainer_compare.py --smoke --out /tmp/spec-smoke                  # seconds
+    python scripts/studies/speculators_trainer_compare.py --out runs/spec-compare --steps 100        # SmolLM2
+    python scripts/studies/speculators_trainer_compare.py --smoke --out /tmp/spec-smoke              # seconds
 
 The measurement (one process, ours first, then theirs):
 1. `draftsmith.train.trainer.Trainer(cfg)` runs the data steps (prepare, draft vocab), loads the frozen
@@ -68,7 +68,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- setup ---------------------------------------------------------------------------------------------

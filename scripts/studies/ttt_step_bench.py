@@ -1,8 +1,8 @@
 """The EAGLE-3 TTT step (loss forward + backward) before and after issue 21 item 4, side by side on CPU.
 
-    OMP_NUM_THREADS=2 .venv/bin/python scripts/ttt_step_bench.py --out runs/ttt-step-bench.json
-    .venv/bin/python scripts/ttt_step_bench.py --length 128 --repeats 1 --steps 1,2   # a quick look
-    python3 scripts/ttt_step_bench.py --device cuda --shape llama-8b --batch 1 --length 2048   # a GPU
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/studies/ttt_step_bench.py --out runs/ttt-step-bench.json
+    .venv/bin/python scripts/studies/ttt_step_bench.py --length 128 --repeats 1 --steps 1,2   # a quick look
+    python3 scripts/studies/ttt_step_bench.py --device cuda --shape llama-8b --batch 1 --length 2048   # a GPU
 
 "before" is `ttt_loss_ref`: SDPA over the (k+1)T concatenated keys with the [T, (k+1)T] mask, the
 target's logits [B, T, V] at every position, one soft cross-entropy over [B, T, Vd] per step. "after" is

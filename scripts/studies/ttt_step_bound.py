@@ -1,9 +1,10 @@
 """How far can the TTT step's attention work take the recipe's online step? An upper bound (issue 21).
 
-    OMP_NUM_THREADS=2 .venv/bin/python scripts/ttt_step_bound.py
+    OMP_NUM_THREADS=2 .venv/bin/python scripts/studies/ttt_step_bound.py
 
-Times the EAGLE-3 TTT step (forward + backward, K = 7, the recipe's shapes from scripts/ttt_step_bench.py:
-batch 4 x 512, hidden 576, draft vocabulary 8192) three ways, interleaved after a warm-up, medians of 3:
+Times the EAGLE-3 TTT step (forward + backward, K = 7, the recipe's shapes from
+scripts/studies/ttt_step_bench.py: batch 4 x 512, hidden 576, draft vocabulary 8192) three ways, interleaved
+after a warm-up, medians of 3:
 "before" (dense [T, (k+1)T] mask, full-vocabulary logits), "after" (today's decomposed attention and
 chunked logits) and "after" with the attention replaced by a free op (returns q): no attention path can
 beat that one. Then the frozen target's forward of the same 4 x 512 tokens (what an online step adds,
@@ -17,7 +18,7 @@ import time
 
 import torch
 
-sys.path.insert(0, "scripts")
+sys.path.insert(0, "scripts/studies")
 import ttt_step_bench as b
 
 from draftsmith.train import eagle3_objective as eo
