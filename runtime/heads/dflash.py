@@ -34,18 +34,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftsmith.runtime.core.artifacts import (
-    check_tensors,
-    load_tensors,
-    save_head_files,
-    tokenizer_hash,
-    validate_draft_vocab,
-)
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash
+from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.heads.aux_layers import default_aux_layers
 from draftsmith.runtime.heads.eagle3 import check_feature_head, draft_layer_fields
+from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder
 
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 DEFAULT_BLOCK = 16  # the paper's block size (z-lab's Qwen3 drafters are b16)
 
 
@@ -277,32 +271,13 @@ def block_mask(context_valid: torch.Tensor, block: int) -> torch.Tensor:
 
 # ---- files --------------------------------------------------------------------------------------------
 def load_head(folder: str | Path, target=None) -> DFlashHead:
-    """Strict load of our folder: every tensor present with its exact shape, nothing extra, all finite;
-    a folder of another kind is refused naming its head_type; checked against `target` when given."""
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise BadInputError("dflash head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    raw = read_json(folder / CONFIG_FILE, "dflash head")
-    if raw.get("head_type") != "dflash":
-        got = raw.get("head_type") or raw.get("speculators_model_type") or raw.get("architectures")
-        raise BadInputError(
-            "head_type", got, "dflash (a draftsmith DFlash folder: draftsmith export reads it)"
-        )
-    try:
-        config = DFlashConfig(**raw)
-    except TypeError as err:
-        raise BadInputError(
-            str(folder / CONFIG_FILE), sorted(raw), "the DFlashConfig fields", str(err)
-        ) from None
+    """Strict load of our folder (runtime/heads/head_folder.py): every tensor present with its exact
+    shape, nothing extra, all finite; a folder of another kind is refused naming its head_type; checked
+    against `target` when given."""
+    config, tensors = read_head_folder(folder, "dflash", DFlashConfig)
     if target is not None:
         check_head_matches_target(config, target)
-    head = DFlashHead(config)
-    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    tensors = load_tensors(folder / WEIGHTS_FILE, "dflash head")
-    check_tensors(expected, tensors, "DFlash")
-    head.load_state_dict(tensors, strict=False)
-    validate_draft_vocab(head.d2t, head.t2d, config.vocab_size, config.draft_vocab_size)
-    return head.eval()
+    return fill_strict(DFlashHead(config), tensors, "DFlash", config.draft_vocab_size)
 
 
 def check_head_matches_target(config: DFlashConfig, target) -> None:

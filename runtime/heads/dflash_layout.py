@@ -30,17 +30,11 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.core.artifacts import check_tensors, load_tensors, validate_draft_vocab
+from draftsmith.runtime.core.artifacts import load_tensors
 from draftsmith.runtime.core.errors import BadInputError, read_json
 from draftsmith.runtime.heads.aux_layers import AUX_LAYER_CONVENTION
-from draftsmith.runtime.heads.dflash import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    DFlashConfig,
-    DFlashHead,
-    check_head_matches_target,
-    load_head,
-)
+from draftsmith.runtime.heads.dflash import DFlashConfig, DFlashHead, check_head_matches_target, load_head
+from draftsmith.runtime.heads.head_folder import CONFIG_FILE, WEIGHTS_FILE, fill_strict
 
 SPECULATORS_VERSION = "0.9.0"
 ARCHITECTURE = "DFlashDraftModel"  # vLLM registry: qwen3_dflash.DFlashQwen3ForCausalLM
@@ -208,12 +202,7 @@ def load_dflash(folder: str | Path, target=None) -> DFlashHead:
             raise BadInputError(f"{layout} {key}", got, f"{getattr(config, key)} (its draftsmith block)")
     if target is not None:
         check_head_matches_target(config, target)
-    head = DFlashHead(config)
     tensors = load_tensors(folder / WEIGHTS_FILE, "dflash head")
-    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    if config.draft_vocab_size == config.vocab_size:  # no d2t/t2d at full vocabulary: identity
-        expected = {k: v for k, v in expected.items() if k not in ("d2t", "t2d")}
-    check_tensors(expected, tensors, "DFlash")
-    head.load_state_dict(tensors, strict=False)
-    validate_draft_vocab(head.d2t, head.t2d, config.vocab_size, config.draft_vocab_size)
-    return head.eval()
+    full = config.draft_vocab_size == config.vocab_size  # no d2t/t2d at full vocabulary: identity
+    absent = ("d2t", "t2d") if full else ()
+    return fill_strict(DFlashHead(config), tensors, "DFlash", config.draft_vocab_size, absent)

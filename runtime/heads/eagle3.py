@@ -31,20 +31,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftsmith.runtime.core.artifacts import (
-    check_tensors,
-    load_tensors,
-    save_head_files,
-    tokenizer_hash,
-    validate_draft_vocab,
-)
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash
+from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import find_family
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.heads.aux_layers import default_aux_layers
+from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder
 
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 LAYER_KEYS = (  # the Llama fields that describe the draft layer, copied from the target's config
     "hidden_size",
     "intermediate_size",
@@ -341,29 +335,12 @@ def save_head(head: Eagle3Head, folder: str | Path) -> None:
 
 
 def load_head(folder: str | Path, target=None) -> Eagle3Head:
-    """Strict load: every tensor present with its exact shape, nothing extra, all finite; checked
-    against `target` when given (vocab, hidden size, aux layers, tokenizer)."""
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise BadInputError("eagle3 head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    raw = read_json(folder / CONFIG_FILE, "eagle3 head")
-    if raw.get("head_type") != "eagle3":
-        raise BadInputError("head_type", raw.get("head_type"), "eagle3")
-    try:
-        config = Eagle3Config(**raw)
-    except TypeError as err:
-        raise BadInputError(
-            f"{folder / CONFIG_FILE}", sorted(raw), "the Eagle3Config fields", str(err)
-        ) from None
+    """Strict load (runtime/heads/head_folder.py): every tensor present with its exact shape, nothing
+    extra, all finite; checked against `target` when given (vocab, hidden size, aux layers, tokenizer)."""
+    config, tensors = read_head_folder(folder, "eagle3", Eagle3Config)
     if target is not None:
         check_head_matches_target(config, target)
-    head = Eagle3Head(config)
-    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    tensors = load_tensors(folder / WEIGHTS_FILE, "eagle3 head")
-    check_tensors(expected, tensors, "EAGLE-3")
-    head.load_state_dict(tensors, strict=False)
-    validate_draft_vocab(head.d2t, head.t2d, config.vocab_size, config.draft_vocab_size)
-    return head.eval()
+    return fill_strict(Eagle3Head(config), tensors, "EAGLE-3", config.draft_vocab_size)
 
 
 def check_head_matches_target(config: Eagle3Config, target, any_target: bool = False) -> None:

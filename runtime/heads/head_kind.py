@@ -31,8 +31,8 @@ from pathlib import Path
 
 from draftsmith.runtime.core.artifacts import load_tensors, parameter_summary
 from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.heads.head_folder import CONFIG_FILE, WEIGHTS_FILE
 
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 DEFAULT_DEPTH = 2  # the default tree, chain:2, suits CPUs (BENCHMARKS.md); shallower for a shallower head
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -30,7 +31,7 @@ from draftsmith.runtime.core.artifacts import atomic_save_file, load_tensors
 from draftsmith.runtime.core.config import atomic_write_text
 from draftsmith.runtime.core.errors import DraftsmithError, read_json
 from draftsmith.runtime.core.quantize import Int8Linear, QuantSpec, check_device, drafter_modules
-from draftsmith.runtime.heads.head_kind import CONFIG_FILE, WEIGHTS_FILE
+from draftsmith.runtime.heads.head_folder import CONFIG_FILE, WEIGHTS_FILE
 
 INT8, SCALE = ".weight_int8", ".weight_scale"
 
@@ -89,6 +90,14 @@ def write_int8_export(kind, folder: Path, out: Path):
 
 def _dequantized_module(kind, folder: Path, config: dict, tensors: dict[str, torch.Tensor]):
     """The kind's module loaded (strictly) from a temporary float32 twin of the int8 folder."""
+    with dequantized_twin(folder, config, tensors) as twin:
+        return kind.module.from_pretrained(twin)
+
+
+@contextmanager
+def dequantized_twin(folder: Path, config: dict, tensors: dict[str, torch.Tensor]):
+    """A temporary copy of the int8 folder with q * s float32 weights and no `quantization` entry: what
+    the kind's own strict loader reads (runtime/heads/head_folder.py). Yields its path."""
     quant = config["quantization"]
     with tempfile.TemporaryDirectory(prefix="draftsmith-int8-") as tmp:
         twin = Path(tmp) / folder.name
@@ -99,7 +108,7 @@ def _dequantized_module(kind, folder: Path, config: dict, tensors: dict[str, tor
         for name in quant["quantized"]:
             dense[f"{name}.weight"] = tensors[name + INT8].float() * tensors[name + SCALE].float()[:, None]
         atomic_save_file(twin / WEIGHTS_FILE, dense, {"format": "pt"})
-        return kind.module.from_pretrained(twin)
+        yield twin
 
 
 def int8_config(folder: Path) -> dict | None:
@@ -121,16 +130,8 @@ def make_head_drafter(kind, arg: str, target, tree, device: str, dtype: str):
     if quant is None:
         return kind.make_drafter(arg, target, tree, device, dtype)
     tensors = load_tensors(folder / WEIGHTS_FILE, "--draft")
-    with tempfile.TemporaryDirectory(prefix="draftsmith-int8-") as tmp:
-        twin = Path(tmp) / folder.name
-        shutil.copytree(folder, twin, ignore=shutil.ignore_patterns(CONFIG_FILE, WEIGHTS_FILE))
-        config = read_json(folder / CONFIG_FILE, "--draft")
-        config.pop("quantization")
-        atomic_write_text(twin / CONFIG_FILE, json.dumps(config, indent=1) + "\n")
-        dense = {n: t for n, t in tensors.items() if not n.endswith((INT8, SCALE))}
-        for name in quant["quantized"]:
-            dense[f"{name}.weight"] = tensors[name + INT8].float() * tensors[name + SCALE].float()[:, None]
-        atomic_save_file(twin / WEIGHTS_FILE, dense, {"format": "pt"})
+    config = read_json(folder / CONFIG_FILE, "--draft")
+    with dequantized_twin(folder, config, tensors) as twin:
         drafter = kind.make_drafter(str(twin) + sep + suffix, target, tree, device, dtype)
     load_stored_int8(drafter, target, quant["quantized"], tensors, arg)
     drafter.quantization = "int8"

@@ -18,12 +18,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.core.artifacts import (
-    check_tensors,
-    load_tensors,
-    tokenizer_hash,
-    validate_draft_vocab,
-)
+from draftsmith.runtime.core.artifacts import load_tensors, tokenizer_hash
 from draftsmith.runtime.core.errors import BadInputError, read_json
 from draftsmith.runtime.heads.aux_layers import (
     AUX_LAYER_CONVENTION,
@@ -34,6 +29,7 @@ from draftsmith.runtime.heads.aux_layers import (
 )
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, check_head_matches_target
 from draftsmith.runtime.heads.fp8_checkpoint import dequantize_checkpoint
+from draftsmith.runtime.heads.head_folder import config_from, fill_strict
 
 log = logging.getLogger(__name__)
 
@@ -248,19 +244,15 @@ def from_layout(
     layout = detect_layout(config)
     tensors = dequantize_checkpoint(config, tensors, name)  # FP8 exports: float32 weights (fp8_checkpoint.py)
     if layout == "draftsmith":
-        cfg = Eagle3Config(**config)
+        cfg = config_from(config, Eagle3Config, name)
     else:
         cfg = _config_from_engine(config, layout, target, ids)
     if target is not None:
         check_head_matches_target(cfg, target, any_target)
         _check_embedding(tensors.get("embed_tokens.weight"), target)
-    head = Eagle3Head(cfg)
     tensors = _our_names(tensors, layout, cfg)
-    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    check_tensors(expected, tensors, f"EAGLE-3 ({layout} layout) {name}")
-    head.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
-    validate_draft_vocab(head.d2t, head.t2d, cfg.vocab_size, cfg.draft_vocab_size)
-    return head.eval()
+    what = f"EAGLE-3 ({layout} layout) {name}"
+    return fill_strict(Eagle3Head(cfg), tensors, what, cfg.draft_vocab_size)  # runtime/heads/head_folder.py
 
 
 def _config_from_engine(config: dict, layout: str, target, ids: str) -> Eagle3Config:

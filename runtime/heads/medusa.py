@@ -37,16 +37,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftsmith.runtime.core.artifacts import (
-    check_tensors,
-    load_tensors,
-    save_head_files,
-    tokenizer_hash,
-    validate_draft_vocab,
-)
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.heads.head_folder import check_head_type, config_from, fill_strict, read_head_folder
 
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 MAX_HEADS = 8  # the paper finds five enough; vLLM drafts one token per head
 
 
@@ -243,13 +237,10 @@ class MedusaHeads(nn.Module):
     @classmethod
     def from_pretrained(cls, folder: str | Path, target=None) -> MedusaHeads:
         """Our folder, strict (names, shapes, finite values, a valid token map), checked against `target`
-        when given. vLLM's and FasterDecoding's layouts: runtime/medusa_layout.load_medusa."""
-        folder = Path(folder)
-        if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
-            raise BadInputError("medusa head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-        config = config_from_dict(read_json(folder / CONFIG_FILE, "medusa head"), str(folder / CONFIG_FILE))
-        tensors = load_tensors(folder / WEIGHTS_FILE, "medusa head")
-        return build_heads(config, tensors, target, target_hint(config))
+        when given (runtime/heads/head_folder.py). vLLM's and FasterDecoding's layouts:
+        runtime/medusa_layout.load_medusa."""
+        config, tensors = read_head_folder(folder, "medusa", MedusaConfig)
+        return build_heads(config.validate(), tensors, target, target_hint(config))
 
 
 def target_hint(config: MedusaConfig) -> str:
@@ -260,23 +251,15 @@ def target_hint(config: MedusaConfig) -> str:
 
 
 def config_from_dict(raw: dict, where: str) -> MedusaConfig:
-    if raw.get("head_type") != "medusa":
-        raise BadInputError("head_type", raw.get("head_type"), "medusa")
-    try:
-        return MedusaConfig(**raw).validate()
-    except TypeError as err:
-        raise BadInputError(where, sorted(raw), "the MedusaConfig fields", str(err)) from None
+    check_head_type(raw, "medusa")
+    return config_from(raw, MedusaConfig, where).validate()
 
 
 def build_heads(config: MedusaConfig, tensors: dict[str, torch.Tensor], target, hint: str) -> MedusaHeads:
     """Heads from a config and their tensors (our names), strict; checked against `target` if given."""
     if target is not None:
         check_matches_target(config, target, hint)
-    heads = MedusaHeads(config)
-    check_tensors(heads.state_dict(), tensors, "Medusa")
-    heads.load_state_dict(tensors)
-    validate_draft_vocab(heads.d2t, heads.t2d, config.vocab_size, config.out_vocab)
-    return heads.eval()
+    return fill_strict(MedusaHeads(config), tensors, "Medusa", config.out_vocab)
 
 
 def check_matches_target(config: MedusaConfig, target, hint: str) -> None:

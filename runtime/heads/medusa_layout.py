@@ -39,8 +39,8 @@ import torch
 
 from draftsmith.runtime.core.artifacts import atomic_save_file, load_tensors
 from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.heads.head_folder import CONFIG_FILE
 from draftsmith.runtime.heads.medusa import (
-    CONFIG_FILE,
     MedusaConfig,
     MedusaHeads,
     build_heads,

@@ -40,13 +40,15 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from draftsmith.runtime.core.artifacts import check_tensors, save_head_files, tokenizer_hash, weights_hash
+from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash, weights_hash
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes, needs_mask
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.mla import cache_dims
+from draftsmith.runtime.heads.head_folder import CONFIG_FILE, fill_strict, read_head_folder
+from draftsmith.runtime.heads.head_folder import check_head_type as check_folder_head_type
 from draftsmith.runtime.heads.mtp_block import build_block, check_block
 from draftsmith.runtime.heads.mtp_config import (  # noqa: F401 (re-exported: the config is named with the head)
     BLOCK_KEYS,
@@ -56,7 +58,6 @@ from draftsmith.runtime.heads.mtp_config import (  # noqa: F401 (re-exported: th
     MtpConfig,
 )
 
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.")  # a module's tensors outside its block
 
 
@@ -240,8 +241,9 @@ def save_head(head: MtpHead, folder: str | Path) -> None:
 
 
 def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
-    """Our folder (config.json + model.safetensors), or a model folder with the modules inside it in
-    DeepSeek's or MiMo's layout (runtime/heads/mtp_layout.py) -> (config, our module tensors)."""
+    """Our folder (config.json + model.safetensors, runtime/heads/head_folder.py), or a model folder with
+    the modules inside it in DeepSeek's or MiMo's layout (runtime/heads/mtp_layout.py) -> (config, our
+    module tensors)."""
     from draftsmith.runtime.core.artifacts import load_tensors
     from draftsmith.runtime.core.errors import read_json
 
@@ -249,29 +251,23 @@ def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]
     if not (folder / CONFIG_FILE).is_file() or not any(folder.glob("*.safetensors")):
         raise BadInputError("mtp head", str(folder), f"a folder with {CONFIG_FILE} and *.safetensors")
     raw = read_json(folder / CONFIG_FILE, "mtp head")
-    if "num_nextn_predict_layers" in raw:
-        from draftsmith.runtime.heads.mtp_layout import from_deepseek, from_mimo
+    if "num_nextn_predict_layers" not in raw:
+        config, tensors = read_head_folder(folder, "mtp", MtpConfig)
+        return config.validate(), tensors
+    from draftsmith.runtime.heads.mtp_layout import from_deepseek, from_mimo
 
-        files = {}
-        for file in sorted(folder.glob("*.safetensors")):
-            files.update(load_tensors(file, "mtp head"))
-        if "MiMoForCausalLM" in (raw.get("architectures") or ()):
-            return from_mimo(raw, files)
-        return from_deepseek(raw, files)[:2]
-    check_head_type(raw)
-    try:
-        config = MtpConfig(**raw).validate()
-    except TypeError as err:
-        raise BadInputError(
-            f"{folder / CONFIG_FILE}", sorted(raw), "the MtpConfig fields", str(err)
-        ) from None
-    return config, load_tensors(folder / WEIGHTS_FILE, "mtp head")
+    files = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        files.update(load_tensors(file, "mtp head"))
+    if "MiMoForCausalLM" in (raw.get("architectures") or ()):
+        return from_mimo(raw, files)
+    return from_deepseek(raw, files)[:2]
 
 
 def check_head_type(raw: dict) -> None:
     """Our folder says `head_type: mtp`; DeepSeek's and MiMo's model folders hold the modules inside."""
-    if "num_nextn_predict_layers" not in raw and raw.get("head_type") != "mtp":
-        raise BadInputError("head_type", raw.get("head_type"), "mtp")
+    if "num_nextn_predict_layers" not in raw:
+        check_folder_head_type(raw, "mtp")
 
 
 def num_modules(folder: str | Path) -> int:
@@ -296,10 +292,7 @@ def load_head(folder: str | Path, target=None) -> MtpHead:
     head = MtpHead(config)
     if target is not None:
         head.follow(target)
-    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    check_tensors(expected, tensors, "MTP")
-    head.load_state_dict(tensors, strict=False)
-    return head.eval()
+    return fill_strict(head, tensors, "MTP")
 
 
 def check_head_matches_target(config: MtpConfig, target, folder) -> None:

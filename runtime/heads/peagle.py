@@ -32,20 +32,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from draftsmith.runtime.core.artifacts import (
-    check_tensors,
-    load_tensors,
-    save_head_files,
-    validate_draft_vocab,
-)
-from draftsmith.runtime.core.errors import BadInputError, read_json
-from draftsmith.runtime.heads.eagle3 import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    Eagle3Config,
-    Eagle3Head,
-    check_head_matches_target,
-)
+from draftsmith.runtime.core.artifacts import save_head_files
+from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, check_head_matches_target
+from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder
 
 DEFAULT_BLOCK = 4  # K drafted tokens per forward; speculators trains 8 (`num_depths`), CPUs verify fewer
 
@@ -103,24 +93,10 @@ def save_head(head: PEagleHead, folder: str | Path) -> None:
 
 
 def load_head(folder: str | Path, target=None) -> PEagleHead:
-    """Strict load, as the EAGLE-3 head's: every tensor with its exact shape, nothing extra, all finite,
-    `head_type: peagle`, checked against `target` when given."""
-    folder = Path(folder)
-    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise BadInputError("peagle head", str(folder), f"a folder with {CONFIG_FILE} and {WEIGHTS_FILE}")
-    raw = read_json(folder / CONFIG_FILE, "peagle head")
-    if raw.get("head_type") != "peagle":
-        got = raw.get("head_type") or raw.get("speculators_model_type") or "no head_type"
-        raise BadInputError(
-            f"{folder / CONFIG_FILE} head_type", got, "peagle (a P-EAGLE head folder)", "--draft KIND:DIR"
-        )
-    try:
-        config = PEagleConfig(**raw)
-    except TypeError as err:
-        raise BadInputError(
-            f"{folder / CONFIG_FILE}", sorted(raw), "the PEagleConfig fields", str(err)
-        ) from None
-    return head_from_tensors(config, load_tensors(folder / WEIGHTS_FILE, "peagle head"), target)
+    """Strict load (runtime/heads/head_folder.py), as the EAGLE-3 head's: every tensor with its exact
+    shape, nothing extra, all finite, `head_type: peagle`, checked against `target` when given."""
+    config, tensors = read_head_folder(folder, "peagle", PEagleConfig)
+    return head_from_tensors(config, tensors, target)
 
 
 def head_from_tensors(config: PEagleConfig, tensors: dict[str, torch.Tensor], target=None) -> PEagleHead:
@@ -131,12 +107,7 @@ def head_from_tensors(config: PEagleConfig, tensors: dict[str, torch.Tensor], ta
         except BadInputError as err:
             field = err.field.replace("eagle3 head", "peagle head")
             raise BadInputError(field, err.got, err.expected, err.hint) from None
-    head = PEagleHead(config)
-    expected = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary.")}
-    check_tensors(expected, tensors, "P-EAGLE")
-    head.load_state_dict({k: v.to(expected[k].dtype) for k, v in tensors.items()}, strict=False)
-    validate_draft_vocab(head.d2t, head.t2d, config.vocab_size, config.draft_vocab_size)
-    return head.eval()
+    return fill_strict(PEagleHead(config), tensors, "P-EAGLE", config.draft_vocab_size)
 
 
 def check_block(head: PEagleHead, depth: int, field: str = "--tree") -> None:
