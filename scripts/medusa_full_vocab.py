@@ -1,7 +1,7 @@
 """A full-vocabulary copy of a Medusa head folder whose heads share the target's LM head over a reduced
 draft vocabulary (`head.reduce_vocab: true`, `original_lm_head: true`): same blocks, the target's whole LM
 head. vLLM 0.32 cannot load a Medusa `token_map` (runtime/heads/medusa_layout.py says why), so
-scripts/check_vllm_medusa.sh checks this copy: both engines then draft the argmax over all ids.
+scripts/check_vllm.sh medusa checks this copy: both engines then draft the argmax over all ids.
 
     python scripts/medusa_full_vocab.py runs/medusa-smollm2-135m/final runs/x/medusa-full-vocab
 """

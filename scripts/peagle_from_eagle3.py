@@ -8,11 +8,11 @@ draft vocabulary, plus `mask_hidden` [1, 1, A*Ht] and `mask_embed` [H]. The shar
 the two extra ones start as a fresh P-EAGLE head's do: `mask_hidden` randn (seed 0, speculators' init)
 and `mask_embed` the target's embedding of `mask_token_id` (train/peagle_objective.py's
 init_from_target). Depth 1 of a block is then the EAGLE-3 head's draft, so the head has real acceptance
-at position 0 without any training (scripts/check_vllm_peagle.sh needs that: an untrained head accepts
+at position 0 without any training (scripts/check_vllm.sh peagle needs that: an untrained head accepts
 nothing, and a negative control could not differ).
 
 `shift-aux`: a copy of an export folder (vLLM or speculators layout) whose aux-layer ids are one layer
-later: the negative control of scripts/check_vllm_peagle.sh, which must NOT reproduce the acceptance.
+later: the negative control of scripts/check_vllm.sh peagle, which must NOT reproduce the acceptance.
 """
 
 from __future__ import annotations

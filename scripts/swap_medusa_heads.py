@@ -1,4 +1,4 @@
-"""The negative control of scripts/check_vllm_medusa.sh: a copy of a vLLM-layout Medusa export with heads 0
+"""The negative control of scripts/check_vllm.sh medusa: a copy of a vLLM-layout Medusa export with heads 0
 and 1 swapped (their blocks and, when each head has its own, their LM heads).
 
     python scripts/swap_medusa_heads.py EXPORT_DIR CONTROL_DIR

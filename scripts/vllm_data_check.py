@@ -9,7 +9,7 @@
                                                     [--storage-dtype bfloat16]
 
 Run from the repository root in draftsmith's venv (the vLLM side runs in .venv-vllm by itself);
-scripts/check_vllm_data.sh calls these. Exit 1 when a check fails.
+scripts/check_vllm.sh data calls these. Exit 1 when a check fails.
 
 - regen-agree: two regenerated folders of the same prepared DIR, greedy. Per conversation, the first
   assistant turn whose texts differ is judged by runtime/verify/near_tie.py as the bench does: the target's

