@@ -1,4 +1,4 @@
-"""Per-rank memory and forward time of the frozen target's placements (README, "Targets larger than one GPU").
+"""Per-rank memory and forward time of the frozen target's placements (docs/scale.md).
 
     OMP_NUM_THREADS=1 python scripts/studies/placement_bench.py replicate                      # one process
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 scripts/studies/placement_bench.py replicate

@@ -3,7 +3,7 @@ from the preflight to greedy decoding with the head it trained.
 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_moe_journey.py -q -m distributed   # ~1 minute
 
-What a user with Qwen3-235B-A22B on 8 GPUs walks (README, "Targets larger than one GPU"), each step the
+What a user with Qwen3-235B-A22B on 8 GPUs walks (docs/scale.md, "Targets larger than one GPU"), each step the
 command they would type:
 1. `draftsmith train --preflight --world-size 4` for offline EAGLE-3 under `target_placement=ep`: the
    capture is missing, so the preflight counts it under its placement and prints the commands that make
