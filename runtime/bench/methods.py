@@ -13,7 +13,7 @@ Method specs:
     hf-prompt-lookup      `generate(prompt_lookup_num_tokens=10)`: transformers' n-gram drafting
     hf-assisted:MODEL     `generate(assistant_model=MODEL)`: transformers' assisted generation
     vllm                  vLLM's engine (runtime/bench/vllm_method.py), in its own process
-    vllm-eagle3:DIR[@chain:K]  vLLM's EAGLE-3 speculative decoding with a head (K = 2 by default)
+    vllm-KIND:DIR[@chain:K]  vLLM's speculative decoding with a head of a kind vLLM serves (K = 2 by default)
     llamacpp[:GGUF]       llama.cpp on a GGUF file (runtime/bench/llamacpp_method.py), in its own process;
                           without GGUF the one the target was converted from (the embedded target's Q4_1)
     llamacpp-lookup[:GGUF]  the same with llama-cpp-python's prompt-lookup draft (10 tokens)
@@ -38,7 +38,6 @@ import torch
 from draftsmith.runtime.bench.llamacpp_method import is_llamacpp_method
 from draftsmith.runtime.bench.types import BASELINE_KINDS, BatchOutput, Method, SpecCounters, is_baseline
 from draftsmith.runtime.core.errors import BadInputError
-from draftsmith.runtime.verify.tree import parse_tree_spec
 
 log = logging.getLogger("draftsmith")
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
@@ -235,16 +234,10 @@ def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int =
         model = spec.removeprefix("hf-assisted:")
         assistant = load_draft_model(model, target, field="--baselines", prefix="hf-assisted:")
         return HfMethod(spec, target, assistant=assistant)
-    if spec == "vllm" or spec.startswith("vllm-eagle3:"):
-        from draftsmith.runtime.bench.vllm_method import VllmMethod
+    if spec == "vllm" or spec.startswith("vllm-"):  # vllm-KIND:DIR[@chain:K]: the kind declares its layout
+        from draftsmith.runtime.bench.vllm_method import build_vllm_method
 
-        head, _, tree = spec.removeprefix("vllm-eagle3:").partition("@") if spec != "vllm" else (None, "", "")
-        k = 2
-        if tree:
-            k = parse_tree_spec(tree).max_depth if tree.startswith("chain:") else 0
-            if not k:
-                raise BadInputError("method", spec, "vllm-eagle3:DIR or vllm-eagle3:DIR@chain:K")
-        return VllmMethod(spec, target, head, k, max(batch_sizes), max_model_len)
+        return build_vllm_method(spec, target, max(batch_sizes), max_model_len)
     if is_llamacpp_method(spec):
         from draftsmith.runtime.bench.llamacpp_method import LlamaCppMethod
 

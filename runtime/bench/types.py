@@ -92,7 +92,7 @@ BASELINE_KINDS = (  # what `--baselines` takes (runtime/bench/methods.py runs th
     "hf-prompt-lookup",
     "hf-assisted:MODEL",
     "vllm",
-    "vllm-eagle3:DIR[@chain:K]",
+    "vllm-KIND:DIR[@chain:K]",  # KIND: a head kind vLLM serves (runtime/bench/vllm_method.py)
     "llamacpp[:GGUF]",
     "llamacpp-lookup[:GGUF]",
 )
@@ -111,8 +111,8 @@ def is_baseline(name: str) -> bool:
         "llamacpp",
         "llamacpp-lookup",
     )
-    with_arg = ("hf-assisted", "vllm-eagle3", "llamacpp", "llamacpp-lookup")
-    return name in plain_kinds or (kind in with_arg and bool(arg))
+    with_arg = ("hf-assisted", "llamacpp", "llamacpp-lookup")
+    return name in plain_kinds or ((kind in with_arg or kind.startswith("vllm-")) and bool(arg))
 
 
 class Method:

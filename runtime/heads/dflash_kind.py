@@ -28,10 +28,12 @@ from draftsmith.runtime.heads.head_kind import (
     Layout,
     LayoutOptions,
     ServeArgs,
+    VllmServe,
     Written,
 )
 
 BLOCK_OPTION = "#block="
+VLLM = VllmServe(layout="dflash", method="dflash")  # z-lab's layout
 
 
 @dataclass
@@ -163,7 +165,7 @@ def serve_speculators(args: ServeArgs) -> str:
 
 def serve_zlab(args: ServeArgs) -> str:
     k = args.speculative_tokens
-    spec = json.dumps({"method": "dflash", "model": args.repo, "num_speculative_tokens": k})
+    spec = json.dumps(VLLM.speculative_config(args.repo, k))
     return (
         "## Serve\n\nvLLM:\n\n"
         f"```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
@@ -182,6 +184,8 @@ def _module() -> type:
 KIND = HeadKind(
     name="dflash",
     title="DFlash block drafter",
+    about="a DFlash block drafter: our folder or its speculators / z-lab export; dflash:DIR#block=N drafts "
+    "a smaller block",
     module_class=_module,
     section=DFlashSection,
     make_drafter=make_drafter,
@@ -204,4 +208,5 @@ KIND = HeadKind(
     },
     default_depth=default_depth,
     parse_tree=parse_tree,
+    vllm=VLLM,
 )

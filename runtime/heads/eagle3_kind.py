@@ -33,6 +33,7 @@ from draftsmith.runtime.heads.head_kind import (
     Layout,
     LayoutOptions,
     ServeArgs,
+    VllmServe,
     Written,
 )
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from draftsmith.runtime.heads.eagle3 import Eagle3Head
 
 log = logging.getLogger(__name__)
+VLLM = VllmServe(layout="eagle3", method="eagle3")  # the official layout with vLLM's aux ids
 
 
 @dataclass
@@ -81,14 +83,11 @@ class Eagle3Section(HeadSection):
 
 
 def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    from draftsmith.runtime.drafters.drafter import param_ratio
-    from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+    from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
     from draftsmith.runtime.heads.layouts import load_eagle3
 
     head = load_eagle3(arg, target).to(device=target.device, dtype=target.dtype)
-    drafter = Eagle3Drafter(head, target, tree)
-    drafter.step_cost = param_ratio(head, target)
-    return drafter
+    return eagle3_drafter(head, target, tree)
 
 
 def read_any(folder: str, target=None) -> Eagle3Head:
@@ -179,7 +178,7 @@ def _verifier_facts(verifier: str) -> dict:
 # ---- the model card's serve texts -------------------------------------------------------------------------
 def serve_official(args: ServeArgs) -> str:
     k, other = args.speculative_tokens, "vllm" if args.engine == "sglang" else "sglang"
-    spec = json.dumps({"method": "eagle3", "model": args.repo, "num_speculative_tokens": k})
+    spec = json.dumps(VLLM.speculative_config(args.repo, k))
     return (
         "## Serve\n\nThe aux-layer ids in `eagle_config` are written in "
         f"{args.engine}'s convention; export again with `--engine {other}` for {other}.\n\n"
@@ -208,6 +207,8 @@ def _module() -> type:
 KIND = HeadKind(
     name="eagle3",
     title="EAGLE-3 draft head",
+    about="an EAGLE-3 head: our folder, the official/SGLang or speculators layout, or a Hub id; #ids=input|"
+    "output says how foreign aux-layer ids read, #any-target pairs a co-trained head with another target",
     module_class=_module,
     section=Eagle3Section,
     make_drafter=make_drafter,
@@ -233,4 +234,5 @@ KIND = HeadKind(
             fp8="any",
         ),
     },
+    vllm=VLLM,
 )

@@ -1,9 +1,10 @@
 """What a head kind declares: the types of the registry in runtime/heads/head_kinds.py (which lists the
 kinds).
 
-    kind = HeadKind(name="eagle3", title="EAGLE-3 draft head", module_class=lambda: Eagle3Head,
-                    section=Eagle3Section, make_drafter=eagle3_drafter, spec="eagle3:DIR",
-                    layouts={"eagle3": Layout(...)})
+    kind = HeadKind(name="eagle3", title="EAGLE-3 draft head", about="an EAGLE-3 head: ...",
+                    module_class=lambda: Eagle3Head, section=Eagle3Section, make_drafter=eagle3_drafter,
+                    spec="eagle3:DIR", layouts={"eagle3": Layout(...)},
+                    vllm=VllmServe(layout="eagle3", method="eagle3"))
 
 A kind is a trained head (EAGLE-3, MTP, ...). It declares:
 - `name`: `head_type` in its folder's config.json, the `--draft NAME:DIR` prefix, `head.type` in a train
@@ -17,7 +18,9 @@ A kind is a trained head (EAGLE-3, MTP, ...). It declares:
   its own (Medusa's cartesian:K1,.. and sparse:N);
 - `layouts`: export layout name -> `Layout` (writer, reader, serve text); every kind also has
   `draftsmith` (its own folder), added by `all_layouts`;
-- `title` and the serve texts: the words its model card uses.
+- `vllm` (optional): how vLLM serves it (`VllmServe`: the layout it loads, its `speculative_config`), read
+  by `bench --baselines vllm-NAME:DIR` and the serve texts;
+- `title`, `about` and the serve texts: the words its model card and `--draft`'s help use.
 Its training objective is registered from train/ (train/objectives.py), so this module and the registry
 never import the trainer.
 """
@@ -119,9 +122,29 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class VllmServe:
+    """How vLLM serves a kind: the export layout it loads and the `speculative_config` naming it
+    (vllm/config/speculative.py: `method`, `model`, `num_speculative_tokens`). `draftsmith bench
+    --baselines vllm-KIND:DIR` (runtime/bench/vllm_method.py) and the model cards' serve texts read it."""
+
+    layout: str  # the kind's export layout vLLM loads (a key of HeadKind.layouts), written with vLLM's ids
+    method: str  # speculative_config's "method"
+    extra: dict = field(default_factory=dict)  # more speculative_config keys (P-EAGLE: parallel_drafting)
+    # the export is the target with the draft inside (MTP's MiMo layout): vLLM serves that folder as the
+    # model, and the speculative config names no draft model
+    in_target: bool = False
+
+    def speculative_config(self, folder: str, tokens: int) -> dict:
+        """The `--speculative-config` of an export in `folder` drafting `tokens` tokens per step."""
+        model = {} if self.in_target else {"model": folder}
+        return {"method": self.method, **model, "num_speculative_tokens": tokens, **self.extra}
+
+
+@dataclass(frozen=True)
 class HeadKind:
     name: str
     title: str  # the model card's title words, e.g. "EAGLE-3 draft head"
+    about: str  # what `--draft NAME:DIR` loads, in `draftsmith generate --help` (runtime/cli/args.py)
     module_class: Callable[[], type]  # -> the module class (imported when asked: the registry stays light)
     section: type  # a HeadSection subclass
     make_drafter: Callable  # (arg, target, tree, device, dtype) -> Drafter
@@ -133,6 +156,7 @@ class HeadKind:
     # (arg, spec) -> the TreeSpec `--tree SPEC` means for `--draft NAME:ARG`, for a kind with trees of its
     # own (Medusa's cartesian:, sparse:); None: runtime/tree.parse_tree_spec
     parse_tree: Callable[[str, str], object] | None = None
+    vllm: VllmServe | None = None  # how vLLM serves the kind (None: it does not)
 
     @property
     def module(self) -> type:

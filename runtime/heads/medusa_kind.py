@@ -31,9 +31,12 @@ from draftsmith.runtime.heads.head_kind import (
     Layout,
     LayoutOptions,
     ServeArgs,
+    VllmServe,
     Written,
 )
 from draftsmith.runtime.heads.medusa import MAX_HEADS
+
+VLLM = VllmServe(layout="medusa", method="medusa")
 
 
 @dataclass
@@ -153,9 +156,7 @@ def write_vllm_layout(folder: Path, out: Path, options: LayoutOptions) -> Writte
 # ---- the model card's serve texts -------------------------------------------------------------------------
 def serve_vllm(args: ServeArgs) -> str:
     """vLLM's speculative config (vllm/config/speculative.py: `method`, `model`, `num_speculative_tokens`)."""
-    spec = json.dumps(
-        {"method": "medusa", "model": args.repo, "num_speculative_tokens": args.speculative_tokens}
-    )
+    spec = json.dumps(VLLM.speculative_config(args.repo, args.speculative_tokens))
     return (
         "## Serve\n\nvLLM (its Medusa proposer drafts a chain, one token per head):\n\n"
         f"```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
@@ -172,6 +173,8 @@ def _module() -> type:
 KIND = HeadKind(
     name="medusa",
     title="Medusa heads",
+    about="Medusa heads: our folder, vLLM's or FasterDecoding's layout; --tree cartesian:K1,.. or sparse:N "
+    "too",
     module_class=_module,
     section=MedusaSection,
     make_drafter=make_drafter,
@@ -191,4 +194,5 @@ KIND = HeadKind(
     default_depth=default_depth,
     parse_tree=parse_tree,
     cotrain=True,  # Medusa-2: the target trains with the heads (train/medusa2.py)
+    vllm=VLLM,
 )

@@ -29,6 +29,7 @@ from draftsmith.runtime.heads.head_kind import (
     Layout,
     LayoutOptions,
     ServeArgs,
+    VllmServe,
     Written,
 )
 from draftsmith.runtime.heads.mtp_config import MAX_MODULES
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from draftsmith.runtime.heads.mtp import MtpHead
 
 log = logging.getLogger(__name__)
+VLLM = VllmServe(layout="mtp-mimo", method="mtp", in_target=True)  # the target written with the module
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -88,19 +90,12 @@ def _folder_and_option(arg: str) -> tuple[str, bool]:
 
 
 def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    from draftsmith.runtime.drafters.drafter import count_params, param_ratio
-    from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+    from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
     from draftsmith.runtime.heads.mtp import load_head
 
     folder, recursive = _folder_and_option(arg)
     head = load_head(folder, target).to(device=target.device, dtype=target.dtype)
-    drafter = MtpDrafter(head, target, tree, recursive=recursive)
-    # a module's own weights, plus the target's LM head it drafts through (MTP shares it)
-    lm_head = target.model.get_output_embeddings().weight.numel()
-    drafter.step_cost = param_ratio(head, target) / head.config.num_modules + lm_head / count_params(
-        target.model
-    )
-    return drafter
+    return mtp_drafter(head, target, tree, recursive=recursive)
 
 
 def default_depth(arg: str) -> int | None:
@@ -218,7 +213,7 @@ def serve_deepseek(args: ServeArgs) -> str:
 
 
 def serve_mimo(args: ServeArgs) -> str:
-    spec = json.dumps({"method": "mtp", "num_speculative_tokens": 1})
+    spec = json.dumps(VLLM.speculative_config(args.repo, 1))
     return (
         "## Serve\n\nThis folder is the target written as `MiMoForCausalLM` (Qwen2 with zero q/k/v "
         "biases, which computes exactly the Llama target) with the MTP module as "
@@ -241,6 +236,8 @@ def _module() -> type:
 KIND = HeadKind(
     name="mtp",
     title="MTP modules",
+    about="MTP modules: our folder or DeepSeek's / MiMo's layout; tree depth <= modules, or "
+    "mtp:DIR#recursive to reuse the last module deeper",
     module_class=_module,
     section=MtpSection,
     make_drafter=make_drafter,
@@ -265,4 +262,5 @@ KIND = HeadKind(
     },
     default_depth=default_depth,
     cotrain=True,
+    vllm=VLLM,
 )

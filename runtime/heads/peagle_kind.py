@@ -44,11 +44,15 @@ from draftsmith.runtime.heads.head_kind import (
     Layout,
     LayoutOptions,
     ServeArgs,
+    VllmServe,
     Written,
 )
 
 if TYPE_CHECKING:
     from draftsmith.runtime.heads.peagle import PEagleHead
+
+# vLLM's EAGLE-3 proposer drafting the block in parallel
+VLLM = VllmServe(layout="vllm", method="eagle3", extra={"parallel_drafting": True})
 
 
 @dataclass
@@ -284,14 +288,7 @@ def serve_speculators(args: ServeArgs) -> str:
 
 
 def serve_vllm(args: ServeArgs) -> str:
-    spec = json.dumps(
-        {
-            "method": "eagle3",
-            "model": args.repo,
-            "num_speculative_tokens": args.speculative_tokens,
-            "parallel_drafting": True,
-        }
-    )
+    spec = json.dumps(VLLM.speculative_config(args.repo, args.speculative_tokens))
     return (
         f"## Serve\n\nvLLM:\n\n```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
         f"draftsmith:\n\n{args.generate}"
@@ -307,6 +304,7 @@ def _module() -> type:
 KIND = HeadKind(
     name="peagle",
     title="P-EAGLE draft head",
+    about="a P-EAGLE head drafting K tokens per forward: our folder, speculators' or vLLM's layout",
     module_class=_module,
     section=PEagleSection,
     make_drafter=make_drafter,
@@ -330,4 +328,5 @@ KIND = HeadKind(
         ),
     },
     default_depth=default_depth,
+    vllm=VLLM,
 )

@@ -6,6 +6,11 @@ library and vLLM, never draftsmith. runtime/bench/vllm_method.py starts it; by h
     .venv-vllm/bin/python runtime/workers/vllm_worker.py --model TARGET_DIR --max-model-len 2048
     --max-num-seqs 4
     .venv-vllm/bin/python runtime/workers/vllm_worker.py --model TARGET_DIR --draft HEAD_DIR --k 3 ...
+    .venv-vllm/bin/python runtime/workers/vllm_worker.py --model TARGET_DIR
+    --speculative-config '{"method": "medusa", "model": "HEAD_DIR", "num_speculative_tokens": 3}' ...
+
+`--speculative-config` is vLLM's own (vllm/config/speculative.py), as runtime/bench/vllm_method.py builds
+it from the head kind's declaration; `--draft DIR --k K` is short for EAGLE-3's.
 
 Protocol (one JSON object per line). The worker answers once the engine is built and warmed up (one
 4-token request), or failed to:
@@ -30,6 +35,7 @@ the engine processes it spawns go there) and the protocol is written on a privat
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -59,7 +65,9 @@ def build_llm(args):
         seed=0,
         enable_prefix_caching=False,  # no request may be served from an earlier one's cache
     )
-    if args.draft:
+    if args.speculative_config:
+        kwargs["speculative_config"] = json.loads(args.speculative_config)
+    elif args.draft:
         kwargs["speculative_config"] = {
             "method": "eagle3",
             "model": args.draft,
@@ -173,6 +181,7 @@ def loop(llm, channel) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="the target's local HF folder")
+    ap.add_argument("--speculative-config", help="vLLM's speculative_config, as JSON (method, model, ...)")
     ap.add_argument("--draft", help="EAGLE-3 head folder (official or speculators layout)")
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens (with --draft)")
     ap.add_argument("--dtype", default="float32")

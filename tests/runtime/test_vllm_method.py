@@ -3,8 +3,9 @@ field;
 the vLLM Python is found in the documented order; worker replies become BatchOutput/SpecCounters by the
 bench's counting conventions; a fake worker speaking the JSON-lines protocol exercises the process handling
 (ready, requests, an error line -> exit code 2, a crash quoting its log, a hang killed after the timeout);
-a draftsmith head is exported for vLLM, foreign folders pass as they are. One slow test runs the real
-vLLM (.venv-vllm) and checks greedy ids against draftsmith's plain decoding."""
+a draftsmith head is exported in its kind's vLLM layout (the kind's `vllm` declaration), foreign folders pass
+as they are. One slow test runs the real vLLM (.venv-vllm) and checks greedy ids against draftsmith's plain
+decoding."""
 
 import json
 import os
@@ -20,6 +21,7 @@ from draftsmith.runtime.bench import vllm_method, worker_method
 from draftsmith.runtime.bench.vllm_method import (
     VllmMethod,
     batch_output,
+    build_vllm_method,
     find_vllm_python,
     head_for_vllm,
     is_vllm_method,
@@ -27,10 +29,13 @@ from draftsmith.runtime.bench.vllm_method import (
     spec_counters,
 )
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
+from draftsmith.runtime.heads.head_kind import LayoutOptions
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
+VLLM = LayoutOptions(engine="vllm")
 FAKE_WORKER = """
 import json, os, sys, time
 mode, args = os.environ.get("FAKE_MODE", "ok"), sys.argv[1:]
@@ -44,8 +49,9 @@ if mode == "crash":
     sys.exit(1)
 if mode == "hang":
     time.sleep(120)
-k = int(args[args.index("--k") + 1]) if "--draft" in args else None
-spec_config = {"method": "eagle3", "num_speculative_tokens": k} if k else None
+spec = "--speculative-config"
+spec_config = json.loads(args[args.index(spec) + 1]) if spec in args else None
+k = spec_config["num_speculative_tokens"] if spec_config else None
 print(json.dumps({"ready": True, "device": "cpu", "has_triton": False, "speculative_config": spec_config}))
 sys.stdout.flush()
 for line in sys.stdin:
@@ -69,11 +75,26 @@ for line in sys.stdin:
 
 def test_method_names_parse():
     assert parse_vllm_method("vllm") is None
-    assert parse_vllm_method("vllm-eagle3:runs/x/final") == "runs/x/final"
+    assert parse_vllm_method("vllm-eagle3:runs/x/final") == (head_kinds.get("eagle3"), "runs/x/final")
+    assert parse_vllm_method("vllm-medusa:m") == (head_kinds.get("medusa"), "m")
     assert is_vllm_method("vllm") and is_vllm_method("vllm-eagle3:d") and not is_vllm_method("eagle3:d")
-    for bad in ("vllm-eagle3:", "vllm-eagle3: ", "vllm-medusa:x", "plain", "VLLM"):
+    for bad in ("vllm-eagle3:", "vllm-eagle3: ", "vllm-ngram:x", "vllm-mtp", "plain", "VLLM"):
         with pytest.raises(BadInputError, match="--baselines"):
             parse_vllm_method(bad)
+    with pytest.raises(BadInputError, match="@chain:K"):
+        build_vllm_method("vllm-eagle3:d@static:binary-3", SimpleNamespace(path="/x"), 1, 256)
+
+
+def test_every_kind_vllm_serves_declares_a_layout_it_has():
+    """eagle3, peagle, mtp, medusa, dflash declare how vLLM serves them; the layout is one of theirs."""
+    served = {name: kind.vllm for name, kind in head_kinds.KINDS.items() if kind.vllm is not None}
+    assert set(served) == {"eagle3", "peagle", "mtp", "medusa", "dflash"}
+    for name, serve in served.items():
+        assert serve.layout in head_kinds.get(name).layouts, name
+    assert served["mtp"].speculative_config("out", 1) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert served["peagle"].speculative_config("out", 3) == {
+        "method": "eagle3", "model": "out", "num_speculative_tokens": 3, "parallel_drafting": True
+    }  # fmt: skip
 
 
 def fake_find_spec(has_vllm: bool):
@@ -143,9 +164,9 @@ def fake(monkeypatch, tmp_path):
     return lambda: [json.loads(line) for line in record.read_text().splitlines()]
 
 
-def make(name="vllm", head=None, **kw):
+def make(name="vllm", **kw):
     target = SimpleNamespace(path="/targets/tiny", dtype=torch.float32)
-    return VllmMethod(name, target, head, 3, 2, 256, python=sys.executable, **kw)
+    return VllmMethod(name, target, parse_vllm_method(name), 3, 2, 256, python=sys.executable, **kw)
 
 
 def kept_log(err: pytest.ExceptionInfo) -> Path:
@@ -182,15 +203,37 @@ def test_fake_worker_speculative(fake, tmp_path):
     head = tmp_path / "official"
     head.mkdir()
     (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
-    with make(f"vllm-eagle3:{head}", str(head)) as method:
+    with make(f"vllm-eagle3:{head}") as method:
         out = method.run([[1], [2]], SamplingParams(), max_new_tokens=4, seed=0)
         with pytest.raises(BadInputError, match="triton-cpu"):  # vLLM-CPU's spec sampler: junk without it
             method.run([[1]], SamplingParams(temperature=0.5), max_new_tokens=4, seed=0)
     assert out.spec.cycles == 4 and out.spec.accepted_per_position == [2, 1, 0]
     assert out.spec.drafted_per_position == [4, 4, 4] and out.target_forwards == 2 + 4
     argv = fake()[0]["argv"]
-    assert argv[argv.index("--draft") + 1] == str(head) and argv[argv.index("--k") + 1] == "3"
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config == {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}
+    assert argv[argv.index("--model") + 1] == "/targets/tiny"
     assert len(fake()) == 2  # the refused request never reached the worker
+
+
+def test_an_export_holding_the_target_is_served_as_the_model(fake, monkeypatch, tmp_path):
+    """MTP's MiMo export is the target with the module: vLLM serves it as the model, the speculative
+    config names no draft model; the layout is written with the bench's target as --target."""
+    seen = {}
+
+    def export(kind, head, tmp, options):
+        seen.update(kind=kind.name, head=head, options=options)
+        return str(tmp / "head")
+
+    monkeypatch.setattr(vllm_method, "head_for_vllm", export)
+    with make("vllm-mtp:runs/mtp/final") as method:
+        assert method.k == 3
+    argv = fake()[0]["argv"]
+    assert argv[argv.index("--model") + 1] == str(method.tmp / "head")
+    config = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert config == {"method": "mtp", "num_speculative_tokens": 3}
+    assert seen["kind"] == "mtp" and seen["head"] == "runs/mtp/final"
+    assert (seen["options"].target, seen["options"].engine) == ("/targets/tiny", "vllm")
 
 
 def test_worker_load_error_is_bad_input(fake, monkeypatch):
@@ -238,8 +281,9 @@ def test_draftsmith_head_is_exported_with_vllm_ids(tiny_target, tmp_path):
     head = Eagle3Head(Eagle3Config.for_target(tiny_target, aux_layer_ids=[0, 1, 2], draft_vocab_size=64))
     head.set_draft_vocab(torch.arange(0, 128, 2))
     save_head(head, tmp_path / "run" / "final")
+    eagle3 = head_kinds.get("eagle3")
     for given in (tmp_path / "run" / "final", tmp_path / "run"):  # a head folder, or a run folder
-        out = Path(head_for_vllm(str(given), tmp_path / f"tmp-{given.name}"))
+        out = Path(head_for_vllm(eagle3, str(given), tmp_path / f"tmp-{given.name}", VLLM))
         config = json.loads((out / "config.json").read_text())
         assert config["architectures"] == ["LlamaForCausalLMEagle3"]
         assert config["draftsmith"]["aux_ids_written_for"] == "vllm"
@@ -259,12 +303,22 @@ def test_foreign_heads_pass_as_they_are_or_are_refused(tmp_path):
     for folder, config in configs.items():
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config))
-    assert head_for_vllm(str(official), tmp_path) == str(official)
-    assert head_for_vllm(str(speculators), tmp_path) == str(speculators)
+    eagle3 = head_kinds.get("eagle3")
+    assert head_for_vllm(eagle3, str(official), tmp_path, VLLM) == str(official)
+    assert head_for_vllm(eagle3, str(speculators), tmp_path, VLLM) == str(speculators)
     with pytest.raises(BadInputError, match="SGLang's ids"):
-        head_for_vllm(str(sglang), tmp_path)
+        head_for_vllm(eagle3, str(sglang), tmp_path, VLLM)
     with pytest.raises(BadInputError, match="--baselines"):
-        head_for_vllm(str(tmp_path / "missing"), tmp_path)
+        head_for_vllm(eagle3, str(tmp_path / "missing"), tmp_path, VLLM)
+
+
+def test_a_head_of_another_kind_is_refused_naming_it(tiny_target, tmp_path):
+    head = Eagle3Head(Eagle3Config.for_target(tiny_target, aux_layer_ids=[0, 1, 2], draft_vocab_size=64))
+    head.set_draft_vocab(torch.arange(0, 128, 2))
+    save_head(head, tmp_path / "final")
+    with pytest.raises(BadInputError, match="head_type is eagle3") as err:
+        head_for_vllm(head_kinds.get("medusa"), str(tmp_path / "final"), tmp_path / "tmp", VLLM)
+    assert err.value.field == "--baselines"
 
 
 # ---- the real vLLM -------------------------------------------------------------------------------------
@@ -284,7 +338,8 @@ def test_vllm_matches_draftsmith_greedy(smollm2, monkeypatch):
     expected = [r.token_ids for r in generate_plain(smollm2, prompts, params, max_new_tokens=12)]
     methods = [("vllm", None)] + ([(f"vllm-eagle3:{head}", str(head))] if head.is_dir() else [])
     for name, head_dir in methods:
-        with VllmMethod(name, smollm2, head_dir, 2, 2, 512, python=str(python)) as method:
+        spec = parse_vllm_method(name)
+        with VllmMethod(name, smollm2, spec, 2, 2, 512, python=str(python)) as method:
             out = method.run(prompts, params, max_new_tokens=12, seed=0)
         assert out.token_ids == expected, name
         assert all(t is None or 0 < t <= out.wall_s for t in out.ttft_s)
