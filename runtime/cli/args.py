@@ -134,3 +134,38 @@ def add_quantize_args(p: argparse.ArgumentParser) -> None:
         flag_needs("--group-size", "--quantize int4", lambda a: a.quantize == "int4"),
         flag_needs("--draft-group-size", "--quantize-draft int4", lambda a: a.quantize_draft == "int4"),
     )
+
+
+# ---- --draft: its help is the registry's ------------------------------------------------------------------
+# The drafts without a head (runtime/drafters/drafting.py BASIC_SPECS; tests/runtime/test_cli.py checks
+# that both lists name the same specs); head kinds say their own words (runtime/heads/head_kind.py `about`).
+BASIC_DRAFTS = {
+    "none": "plain decoding",
+    "ngram": "prompt lookup",
+    "suffix[:depth=D,requests=R,...]": "suffix decoding: frequency trees from the request's and earlier "
+    "responses' suffix tries",
+    "self:layers=N": "the target's first N layers",
+    "model:TARGET": "a draft LM sharing the tokenizer",
+}
+
+
+def draft_help() -> str:
+    """`--draft`'s help: the drafts without a head, then every registered head kind's spec and words."""
+    from draftsmith.runtime.heads import head_kinds  # imports torch: only when the help is printed
+
+    drafts = [f"{spec} ({about})" for spec, about in BASIC_DRAFTS.items()]
+    drafts += [f"{kind.spec} ({kind.about})" for kind in head_kinds.KINDS.values()]
+    return ", ".join(drafts)
+
+
+def add_draft_arg(p: argparse.ArgumentParser) -> None:
+    """`--draft SPEC`, its help filled from the registry (runtime/heads/head_kinds.py) only when printed:
+    the CLI module stays free of torch (tests/test_imports.py)."""
+    action = p.add_argument("--draft", default="none", help="draft spec: {drafts}")
+    template, format_help = action.help, p.format_help
+
+    def with_drafts() -> str:
+        action.help = template.replace("{drafts}", draft_help())
+        return format_help()
+
+    p.format_help = with_drafts

@@ -20,6 +20,7 @@ from draftsmith.runtime.cli.args import (
     Formatter,
     add_attention_arg,
     add_cpu_linears_arg,
+    add_draft_arg,
     add_quantize_args,
     add_target_args,
     check_parsed,
@@ -34,14 +35,6 @@ from draftsmith.runtime.cli.export import add_export
 from draftsmith.runtime.cli.ssd import add_ssd_args
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, flag_needs
 
-DRAFT_HELP = (
-    "none (plain decoding), ngram (prompt lookup), suffix[:depth=D,...] (suffix decoding: frequency trees "
-    "from the request's and earlier responses' suffix tries), self:layers=N (the target's first N layers), "
-    "model:TARGET (a draft LM sharing the tokenizer), eagle3:DIR (an EAGLE-3 head: our folder, the "
-    "official/SGLang or speculators layout, or a Hub id; #ids=input|output says how foreign aux-layer ids "
-    "read), mtp:DIR (MTP "
-    "modules; tree depth <= modules, or mtp:DIR#recursive to reuse the last module deeper)"
-)
 TREE_HELP = (
     "chain:K, static:NAME (binary-3, wide-4, deep-6) or static:JSON (paths of child ranks or parent ids), "
     "dynamic:depth=D,topk=K,tokens=N (EAGLE-2 style, grown each cycle), auto:K (load-aware: a chain of "
@@ -66,7 +59,7 @@ def add_generate(sub) -> None:
         ),
     )
     add_target_args(p)
-    p.add_argument("--draft", default="none", help=f"draft spec: {DRAFT_HELP}")
+    add_draft_arg(p)  # its help lists the registry's head kinds (runtime/cli/args.py)
     p.add_argument(
         "--tree",
         help=f"what to draft each cycle: {TREE_HELP}. Unset: chain:2 (chain:1 for a one-module MTP head), "

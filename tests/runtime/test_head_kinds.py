@@ -67,6 +67,22 @@ def test_export_help_lists_every_layout_of_the_registry(capsys):
         assert about and about.split()[0] in section, name  # a layout without its line would fail here
 
 
+def test_draft_help_lists_every_kind_of_the_registry(capsys):
+    """`generate --help`'s --draft text is generated: the drafts without a head (named as
+    runtime/drafters/drafting.py names them), then each kind's spec and its own words."""
+    from draftsmith.runtime.cli.args import BASIC_DRAFTS
+    from draftsmith.runtime.cli.main import build_parser
+    from draftsmith.runtime.drafters.drafting import BASIC_SPECS
+
+    assert tuple(BASIC_DRAFTS) == BASIC_SPECS
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    text = "".join(capsys.readouterr().out.split())  # argparse wraps lines (and after hyphens)
+    for kind in head_kinds.KINDS.values():
+        assert kind.about and "".join(f"{kind.spec} ({kind.about})".split()) in text, kind.name
+    assert "{drafts}" not in text and "model:TARGET(adraftLM" in text
+
+
 def test_draft_specs_look_up_the_registry():
     kind, arg = head_kinds.draft_kind("mtp:runs/x/final#recursive")
     assert kind is head_kinds.KINDS["mtp"] and arg == "runs/x/final#recursive"
