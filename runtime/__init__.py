@@ -1,7 +1,7 @@
 """draftsmith.runtime: everything serving needs, importable without accelerate, deepspeed, datasets or wandb.
 
-Its sub-packages, by family (each one's docstring maps its modules; tests/test_imports.py checks that every
-module is named and that the import rule holds):
+Its sub-packages and its one module, by family (each sub-package's docstring maps its modules;
+tests/test_imports.py checks that every module is named and that the import rule holds):
 - the serving core (it imports neither draftsmith.train nor draftsmith.data_recipes, not even inside a
   function, nor the CLI and bench layer below):
   - `core`: the target adapter, its caches and masks, plain and speculative decoding, configs and errors;
@@ -10,6 +10,9 @@ module is named and that the import rule holds):
   - `drafters`: the drafter protocol, `--draft` specs, and every drafter;
   - `static`: the GPU engine path (static caches, CUDA graphs);
   - `workers`: what runs in another Python (vLLM's) and the pipe to it;
+- `speculator`: the one speculation builder above the serving core (it imports core, verify, heads and
+  drafters; none of them imports it): a SpecConfig -> build_speculator(target, cfg) -> a Speculator, used by
+  `generate`, `bench`, the demo and SSD;
 - the CLI, demo and bench layer (may import everything; nothing in the core, train, data_recipes or
   kernels imports it): `cli` (the `draftsmith` command and `draftsmith demo`) and `bench` (`draftsmith
   bench`: methods, peers, timing and reports).

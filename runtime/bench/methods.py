@@ -23,82 +23,58 @@ Method specs:
                           torch for this row alone): the before of runtime/core/row_linear.py, side by side
     DRAFT@chain:K+ssd[:F] speculative speculative decoding in process (runtime/drafters/ssd.py, `generate
                           --ssd`), fan-out budget F (8 by default); ngram, self: and model: drafts
-Speculative rows also carry draft and verify time per cycle (runtime/bench/cycle_fields.py).
+draftsmith's rows build their speculation with runtime/speculator.py (as `generate` does); speculative rows
+also carry draft and verify time per cycle (runtime/bench/cycle_fields.py).
 transformers' assisted and prompt-lookup generation decode one sequence at a time (its `generate()` raises
 for batch > 1), so those rows exist at batch size 1 only; `supports_batch` says so before anything runs.
 """
 
 from __future__ import annotations
 
-import logging
 import time
+from dataclasses import replace
 
 import torch
 
 from draftsmith.runtime.bench.llamacpp_method import is_llamacpp_method
 from draftsmith.runtime.bench.types import BASELINE_KINDS, BatchOutput, Method, SpecCounters, is_baseline
 from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.speculator import SpecConfig, Speculator, build_speculator
 
-log = logging.getLogger("draftsmith")
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
 GRAPHS = "+graphs"  # suffix: the same method on the static / CUDA-graph engine path
 SSD = "+ssd"  # suffix: the same draft through SsdDrafter, `+ssd:F` with fan-out budget F
-SSD_FANOUT = 8  # `generate --ssd-fanout`'s default
+SSD_FANOUT = SpecConfig.ssd_fanout  # `generate --ssd-fanout`'s default
 TORCH_LINEARS = "+torch-linears"  # suffix: the method with F.linear in the target (row_linear.py off)
 
 
 class DraftsmithMethod(Method):
-    """`plain` or `DRAFT@TREE` on draftsmith's engine; one drafter (and one load-aware policy per batch
-    size, which keeps learning acceptance across requests as a server would)."""
+    """`plain` or `DRAFT@TREE` on draftsmith's engine: a Speculator (runtime/speculator.py), whose load-aware
+    policy per batch size keeps learning acceptance across requests as a server would."""
 
-    def __init__(
-        self,
-        spec: str,
-        target,
-        batch_sizes: list[int],
-        drafter=None,
-        max_depth: int | None = None,
-        static: bool = False,
-    ):
-        self.name, self.target, self.drafter, self.max_depth = spec, target, drafter, max_depth
-        self.static = static
-        self.policies: dict[int, object] = {}
-        if max_depth is not None:
-            self.costs = verify_costs(target, batch_sizes, max_depth + 1)
+    def __init__(self, spec: str, speculator: Speculator):
+        self.name, self.speculator = spec, speculator
+
+    @property
+    def drafter(self):
+        return self.speculator.drafter
+
+    @property
+    def static(self) -> bool:
+        return self.speculator.static
+
+    @property
+    def policies(self) -> dict:
+        return self.speculator.policies
 
     def reset(self) -> None:
-        self.policies.clear()
-
-    def policy(self, batch: int):
-        if self.max_depth is None:
-            return None
-        from draftsmith.runtime.verify.load_aware import LoadAwareDepth
-
-        if batch not in self.policies:
-            self.policies[batch] = LoadAwareDepth(
-                self.costs, self.max_depth, step_cost=self.drafter.step_cost
-            )
-        return self.policies[batch]
+        self.speculator.reset()
 
     def run(self, prompts, params, max_new_tokens, seed) -> BatchOutput:
-        from draftsmith.runtime.core.engine import generate_plain
-        from draftsmith.runtime.core.speculative import generate_speculative
-
-        run = (max_new_tokens, seed, len(prompts))
-        if self.drafter is None:
-            results = generate_plain(self.target, prompts, params, *run, static=self.static)
-        else:
-            policy = self.policy(len(prompts))
-            results = generate_speculative(
-                self.target,
-                self.drafter,
-                prompts,
-                params,
-                *run,
-                policy=policy,
-                static=self.static,
-                sync_timing=self.sync_timing,
-            )
+        batch = len(prompts)
+        results = self.speculator.generate(
+            prompts, params, max_new_tokens, seed, batch, sync_timing=self.sync_timing
+        )
         spec, timing = None, {}
         if self.drafter is not None:
             from draftsmith.runtime.bench.cycle_fields import batch_timing
@@ -116,22 +92,6 @@ class DraftsmithMethod(Method):
             target_forwards=sum(r.target_forwards for r in results),
             **timing,
         )
-
-
-_COSTS: dict = {}  # (target, batch sizes, nodes) -> VerifyCosts: one measurement per bench run
-
-
-def verify_costs(target, batch_sizes: list[int], nodes: int):
-    """The target's verify-cost curve, measured once and shared by every load-aware method."""
-    from draftsmith.runtime.verify.load_aware import measure_verify_costs
-
-    key = (id(target), tuple(sorted(set(batch_sizes))), nodes)
-    if key not in _COSTS:
-        log.info(
-            "bench: measuring verification cost for %d..%d tokens per row at batch sizes %s", 1, nodes, key[1]
-        )
-        _COSTS[key] = measure_verify_costs(target, batch_sizes, max_nodes=nodes)
-    return _COSTS[key]
 
 
 class _FirstTokenClock:
@@ -187,6 +147,10 @@ class TorchLinearsMethod(Method):
         self.max_batch, self.facts = inner.max_batch, {"cpu_linears": "torch"}
 
     @property
+    def speculator(self) -> Speculator | None:
+        return getattr(self.inner, "speculator", None)
+
+    @property
     def policies(self) -> dict:
         return getattr(self.inner, "policies", {})
 
@@ -211,21 +175,40 @@ class TorchLinearsMethod(Method):
         self.inner.close()
 
 
-def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int = 2048) -> Method:
-    """A method spec (module docstring) -> a ready method (heads loaded, costs measured)."""
+def build_method(
+    spec: str, target, batch_sizes: list[int], max_model_len: int = 2048, base: SpecConfig | None = None
+) -> Method:
+    """A method spec (module docstring) -> a ready method (heads loaded, costs measured). `base` holds what
+    every draftsmith method shares (draft quantization, the CPU-linears plan); the spec sets the rest."""
     if spec.endswith(TORCH_LINEARS):
-        base = spec.removesuffix(TORCH_LINEARS)
-        if is_baseline(base) and base != "plain":
+        base_spec = spec.removesuffix(TORCH_LINEARS)
+        if is_baseline(base_spec) and base_spec != "plain":
             raise BadInputError("method", spec, f"plain{TORCH_LINEARS} or DRAFT@TREE{TORCH_LINEARS}")
-        return TorchLinearsMethod(spec, build_method(base, target, batch_sizes, max_model_len), target)
-    base, static = spec.removesuffix(GRAPHS), spec.endswith(GRAPHS)
-    base, fanout = split_ssd(base, spec)
-    if base == "plain":
-        return DraftsmithMethod(spec, target, batch_sizes, static=static)
-    if static and is_baseline(base):
+        inner = build_method(base_spec, target, batch_sizes, max_model_len, base)
+        return TorchLinearsMethod(spec, inner, target)
+    name, static = spec.removesuffix(GRAPHS), spec.endswith(GRAPHS)
+    name, fanout = split_ssd(name, spec)
+    if static and is_baseline(name) and name != "plain":
         raise BadInputError("method", spec, f"plain{GRAPHS} or DRAFT@TREE{GRAPHS} (draftsmith's engine)")
-    if fanout is not None and (static or is_baseline(base) or "@" not in base):
+    if fanout is not None and (static or is_baseline(name) or "@" not in name):
         raise BadInputError("method", spec, f"DRAFT@chain:K{SSD} or DRAFT@chain:K{SSD}:F (no {GRAPHS})")
+    draft, tree = "none", None  # plain: the engine without a draft
+    if name != "plain":
+        method = build_baseline(spec, target, batch_sizes, max_model_len)
+        if method is not None:
+            return method
+        draft, at, tree = name.partition("@")
+        if not at or not draft or draft in ("plain", "none") or draft.startswith(("hf", "vllm")):
+            raise BadInputError(
+                "method", spec, f"one of {', '.join(BASELINE_KINDS)}, or DRAFT@TREE[{GRAPHS}]"
+            )
+    ssd = {} if fanout is None else {"ssd": True, "ssd_fanout": fanout}
+    cfg = replace(base or SpecConfig(), draft=draft, tree=tree, static=static, batch_sizes=batch_sizes, **ssd)
+    return DraftsmithMethod(spec, build_speculator(target, cfg.validate()))
+
+
+def build_baseline(spec: str, target, batch_sizes: list[int], max_model_len: int) -> Method | None:
+    """transformers, vLLM or llama.cpp: another engine's decoding of the same prompts (None: not theirs)."""
     if spec in ("hf", "hf-prompt-lookup"):
         return HfMethod(spec, target)
     if spec.startswith("hf-assisted:"):
@@ -242,10 +225,7 @@ def build_method(spec: str, target, batch_sizes: list[int], max_model_len: int =
         from draftsmith.runtime.bench.llamacpp_method import LlamaCppMethod
 
         return LlamaCppMethod(spec, target, max_model_len=max_model_len)
-    draft, at, tree = base.partition("@")
-    if not at or not draft or draft in ("plain", "none") or draft.startswith(("hf", "vllm")):
-        raise BadInputError("method", spec, f"one of {', '.join(BASELINE_KINDS)}, or DRAFT@TREE[{GRAPHS}]")
-    return build_draft_method(spec, draft, tree, target, batch_sizes, static, fanout)
+    return None
 
 
 def split_ssd(base: str, spec: str) -> tuple[str, int | None]:
@@ -257,37 +237,3 @@ def split_ssd(base: str, spec: str) -> tuple[str, int | None]:
     if not fanout.isdigit():
         raise BadInputError("method", spec, f"DRAFT@chain:K{SSD}:F with F an integer (the fan-out budget)")
     return head, int(fanout)
-
-
-def build_draft_method(
-    spec: str,
-    draft: str,
-    tree: str,
-    target,
-    batch_sizes: list[int],
-    static: bool = False,
-    fanout: int | None = None,
-) -> Method:
-    from draftsmith.runtime.drafters.drafting import build_drafter
-    from draftsmith.runtime.heads.head_kinds import parse_tree
-    from draftsmith.runtime.verify.load_aware import parse_auto
-    from draftsmith.runtime.verify.tree import chain
-
-    depth = parse_auto(tree)
-    drafter = build_drafter(draft, target, chain(depth) if depth else parse_tree(draft, tree))
-    if drafter is None:
-        raise BadInputError("--draft", draft, "a draft (plain decoding is the `plain` baseline)")
-    if fanout is not None:
-        drafter = ssd_drafter(spec, drafter, depth, fanout)
-    return DraftsmithMethod(spec, target, batch_sizes, drafter=drafter, max_depth=depth, static=static)
-
-
-def ssd_drafter(spec: str, proto, auto_depth: int, fanout: int):
-    """A built chain drafter -> SsdDrafter over clones of it (as `generate --ssd` builds it, cli/ssd.py)."""
-    from draftsmith.runtime.drafters.ssd import SsdDrafter, clone_factory
-    from draftsmith.runtime.verify.tree import Tree, chain
-
-    tree = proto.tree
-    if auto_depth or not isinstance(tree, Tree) or tree != chain(tree.max_depth):
-        raise BadInputError("method", spec, f"a chain:K tree with {SSD} (as `generate --ssd`)")
-    return SsdDrafter(clone_factory(proto), tree.max_depth, fanout)

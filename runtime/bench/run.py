@@ -23,9 +23,10 @@ import torch
 
 from draftsmith.runtime.bench.compare import check_request_inputs
 from draftsmith.runtime.core.errors import BadInputError, check_output_dir
-from draftsmith.runtime.core.quantize import own_linears, parse_quantize, quantize_draft, quantize_target
-from draftsmith.runtime.core.row_linear import check_mode, drafter_roots, use_rows_linear
+from draftsmith.runtime.core.quantize import parse_quantize
+from draftsmith.runtime.core.row_linear import check_mode
 from draftsmith.runtime.drafters.drafting import default_trees
+from draftsmith.runtime.speculator import SpecConfig, prepare_target
 
 log = logging.getLogger("draftsmith")
 GPU_BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64]
@@ -99,7 +100,6 @@ def machine_facts(target) -> dict:
 def run_bench(req: BenchRequest, target=None) -> dict:
     """Time every method at every temperature and batch size; results.json and meta.json are rewritten
     after each block (an interrupted run keeps what it measured), report.md and plots at the end."""
-    from draftsmith.runtime.bench.methods import build_method
     from draftsmith.runtime.bench.prompt_sets import load_bench_prompts
     from draftsmith.runtime.bench.report import write_report
     from draftsmith.runtime.core.target import Target
@@ -111,32 +111,13 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     specs = req.method_specs()
     quant, draft_quant = check_quantize(req, specs)
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
-    if quant is not None:  # before the methods: their verify costs and drafters see the quantized target
-        quantize_target(target, quant)
-    if req.attention != "sdpa":
-        from draftsmith.runtime.core.kernel_attention import use_kernel_attention
-
-        use_kernel_attention(target, req.attention)
-    rows_plan = set()
-    if req.cpu_linears == "auto":  # before the methods: their verify-cost curves see the same linears
-        from draftsmith.runtime.core.row_linear import tune_rows_plan
-
-        rows_plan = tune_rows_plan(target)
+    # before the methods: their verify costs and drafters see the quantized target and its linears
+    rows_plan = prepare_target(target, quant, req.attention, req.cpu_linears)
     if req.batch_sizes is None:
         req.batch_sizes = GPU_BATCH_SIZES if target.device.type == "cuda" else CPU_BATCH_SIZES
     check_request_inputs(req.temperatures, req.batch_sizes, req.max_new_tokens, req.repeats)
     log.info("bench: %d prompts from %s; methods: %s", len(convs), req.prompts, ", ".join(specs))
-    methods = {spec: build_method(spec, target, req.batch_sizes) for spec in specs}
-    for method in methods.values():
-        method.sync_timing = req.sync_timing
-    drafts = {}  # method -> its draft's quantization; drafters without weights (ngram, self:) run as they are
-    for spec, method in methods.items():
-        drafter = getattr(method, "drafter", None)
-        if draft_quant is not None and own_linears(drafter, target)[1]:
-            drafts[spec] = quantize_draft(drafter, target, draft_quant, spec).label
-    for method in methods.values():  # heads and draft models run the target's plan (after --quantize-draft)
-        for root in drafter_roots(getattr(method, "drafter", None), target):
-            use_rows_linear(root, rows_plan)
+    methods, drafts = build_methods(req, specs, target, rows_plan)
     if draft_quant is not None and not drafts:
         raise BadInputError(
             "--quantize-draft", req.quantize_draft, "a --draft with weights (a head, model:TARGET)"
@@ -156,6 +137,28 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     if req.roofline:  # after the timed runs: the measurement loads the machine
         meta["roofline"] = roofline_lines(target, req, meta["prompt_tokens_mean"])
     return write_report(Path(req.out), rows, meta, plots=req.plots)
+
+
+def build_methods(req: BenchRequest, specs: list[str], target, rows_plan: frozenset[int]):
+    """-> (method spec -> method, method spec -> its draft's quantization). Drafters without weights of their
+    own (ngram, self:) run as they are under --quantize-draft; heads and draft models take the target's
+    CPU-linears plan."""
+    from draftsmith.runtime.bench.methods import build_method
+
+    base = SpecConfig(
+        quantize_draft=req.quantize_draft,
+        draft_group_size=req.draft_group_size,
+        weightless_ok=True,
+        rows_plan=rows_plan,
+    )
+    methods = {spec: build_method(spec, target, req.batch_sizes, base=base) for spec in specs}
+    drafts = {}
+    for spec, method in methods.items():
+        method.sync_timing = req.sync_timing
+        label = getattr(getattr(method, "speculator", None), "draft_quantization", None)
+        if label is not None:
+            drafts[spec] = label
+    return methods, drafts
 
 
 def check_quantize(req: BenchRequest, specs: list[str]):

@@ -403,7 +403,7 @@ def weights_label(target) -> str:
 def verify_curve(target, methods: list[str]) -> list[float]:
     """The target's verify-cost curve, ms of one forward over n = 1, 2, ... tokens at batch 1, up to the
     largest tree the methods verify: the bench's own measurement (what `auto:K` measures at start-up)."""
-    from draftsmith.runtime.bench.methods import verify_costs
+    from draftsmith.runtime.speculator import verify_costs
 
     nodes = min(max([verified_tokens(m) or 1 for m in methods] + [2]), 16)
     return [round(1000 * s, 2) for s in verify_costs(target, [1], nodes).seconds[1]]

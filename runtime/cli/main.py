@@ -32,8 +32,10 @@ from draftsmith.runtime.cli.args import (
 from draftsmith.runtime.cli.bench import add_bench
 from draftsmith.runtime.cli.data import add_data
 from draftsmith.runtime.cli.export import add_export
-from draftsmith.runtime.cli.ssd import add_ssd_args
+from draftsmith.runtime.cli.ssd import add_ssd_args, ssd_fields, write_trace
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, flag_needs
+
+log = logging.getLogger("draftsmith")
 
 TREE_HELP = (
     "chain:K, static:NAME (binary-3, wide-4, deep-6) or static:JSON (paths of child ranks or parent ids), "
@@ -42,50 +44,29 @@ TREE_HELP = (
 )
 
 
+GENERATE_DESCRIPTION = (
+    "Generate from the target. Prompts are chat-templated unless --no-chat.\n\n"
+    "examples:\n"
+    '  draftsmith generate --prompt "Why is the sky blue?"\n'
+    "  draftsmith generate --prompts prompts.txt --batch-size 8 --json > out.jsonl\n"
+    '  draftsmith generate --prompt "Tell a story" --temperature 0.8 --top-p 0.95 --seed 1\n\n'
+    "--json prints one object per prompt (JSON Lines) with prompt_token_ids, token_ids (new tokens\n"
+    "only), text, new_tokens, finish_reason, target_forwards, mean_accepted (tau),\n"
+    "accept_rate_per_position, wall_s and tokens_per_s."
+)
+
+
 def add_generate(sub) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text with the target (plain or speculative decoding)",
         formatter_class=Formatter,
-        description=(
-            "Generate from the target. Prompts are chat-templated unless --no-chat.\n\n"
-            "examples:\n"
-            '  draftsmith generate --prompt "Why is the sky blue?"\n'
-            "  draftsmith generate --prompts prompts.txt --batch-size 8 --json > out.jsonl\n"
-            '  draftsmith generate --prompt "Tell a story" --temperature 0.8 --top-p 0.95 --seed 1\n\n'
-            "--json prints one object per prompt (JSON Lines) with prompt_token_ids, token_ids (new tokens\n"
-            "only), text, new_tokens, finish_reason, target_forwards, mean_accepted (tau),\n"
-            "accept_rate_per_position, wall_s and tokens_per_s."
-        ),
+        description=GENERATE_DESCRIPTION,
     )
     add_target_args(p)
-    add_draft_arg(p)  # its help lists the registry's head kinds (runtime/cli/args.py)
-    p.add_argument(
-        "--tree",
-        help=f"what to draft each cycle: {TREE_HELP}. Unset: chain:2 (chain:1 for a one-module MTP head), "
-        "which suits CPUs: verifying 3 nodes (chain:2) costs 1.26x one token there, 4 nodes 1.7x, 8 nodes "
-        "2.1x (BENCHMARKS.md); on GPUs larger trees pay",
-    )
-    p.add_argument("--temperature", type=finite_float_arg("--temperature"), default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=finite_float_arg("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
-    p.add_argument(
-        "--top-k", type=int_arg("--top-k"), default=0, help="keep the k most likely tokens; 0 = off"
-    )
-    p.add_argument("--max-new-tokens", type=int_arg("--max-new-tokens"), default=128)
-    p.add_argument(
-        "--seed", type=int_arg("--seed"), default=0, help="row i samples with a generator seeded by (seed, i)"
-    )
-    p.add_argument("--no-chat", action="store_true", help="feed the prompt text as is (no chat template)")
-    p.add_argument(
-        "--batch-size",
-        type=int_arg("--batch-size"),
-        default=1,
-        help="prompts decoded together (left padding)",
-    )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="one prompt")
-    src.add_argument("--prompts", help="file: one prompt per line, or JSONL with a 'prompt' field")
-    p.add_argument("--json", action="store_true", help="print JSON Lines instead of text")
+    add_speculation_args(p)
+    add_decoding_args(p)
+    add_prompt_args(p)
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
@@ -102,91 +83,122 @@ def add_generate(sub) -> None:
     p.set_defaults(run=run_generate)
 
 
-def run_generate(args: argparse.Namespace) -> None:
-    from draftsmith.runtime.cli import ssd as ssd_cli
-    from draftsmith.runtime.core.engine import accept_rates, generate_plain
-    from draftsmith.runtime.core.prompts import read_prompts_file
-    from draftsmith.runtime.core.quantize import parse_quantize, quantize_draft, quantize_target
-    from draftsmith.runtime.core.speculative import generate_speculative
-    from draftsmith.runtime.core.target import Target
-    from draftsmith.runtime.drafters.drafting import build_drafter
-    from draftsmith.runtime.heads.head_kinds import parse_tree
-    from draftsmith.runtime.verify.load_aware import LoadAwareDepth, measure_verify_costs, parse_auto
-    from draftsmith.runtime.verify.sampling import SamplingParams
-    from draftsmith.runtime.verify.tree import chain
+def add_speculation_args(p: argparse.ArgumentParser) -> None:
+    """--draft and --tree: what to draft each cycle."""
+    add_draft_arg(p)  # its help lists the registry's head kinds (runtime/cli/args.py)
+    p.add_argument(
+        "--tree",
+        help=f"what to draft each cycle: {TREE_HELP}. Unset: chain:2 (chain:1 for a one-module MTP head), "
+        "which suits CPUs: verifying 3 nodes (chain:2) costs 1.26x one token there, 4 nodes 1.7x, 8 nodes "
+        "2.1x (BENCHMARKS.md); on GPUs larger trees pay",
+    )
 
-    auto_depth = parse_auto(args.tree or "")  # auto:K: load-aware chain depth per cycle
-    # no --tree: build_drafter picks the default that fits the drafter; a kind may read trees of its own
-    tree = chain(auto_depth) if auto_depth else parse_tree(args.draft, args.tree) if args.tree else None
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """Sampling, length, seed, chat template and batch size."""
+    p.add_argument("--temperature", type=finite_float_arg("--temperature"), default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=finite_float_arg("--top-p"), default=1.0, help="nucleus mass, in (0, 1]")
+    p.add_argument(
+        "--top-k", type=int_arg("--top-k"), default=0, help="keep the k most likely tokens; 0 = off"
+    )
+    p.add_argument("--max-new-tokens", type=int_arg("--max-new-tokens"), default=128)
+    p.add_argument(
+        "--seed", type=int_arg("--seed"), default=0, help="row i samples with a generator seeded by (seed, i)"
+    )
+    p.add_argument("--no-chat", action="store_true", help="feed the prompt text as is (no chat template)")
+    p.add_argument(
+        "--batch-size",
+        type=int_arg("--batch-size"),
+        default=1,
+        help="prompts decoded together (left padding)",
+    )
+
+
+def add_prompt_args(p: argparse.ArgumentParser) -> None:
+    """Where the prompts come from, and how the rows are printed."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument("--prompts", help="file: one prompt per line, or JSONL with a 'prompt' field")
+    p.add_argument("--json", action="store_true", help="print JSON Lines instead of text")
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    from draftsmith.runtime.core.quantize import parse_quantize
+    from draftsmith.runtime.core.target import Target
+    from draftsmith.runtime.speculator import build_speculator, prepare_target
+
+    cfg = spec_config(args)  # every check that needs no target, before it loads
+    params, texts = generate_inputs(args)
+    quant = parse_quantize(args.quantize, args.group_size)  # runtime/core/quantize.py
+    target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    cfg.rows_plan = prepare_target(target, quant, args.attention, args.cpu_linears)
+    prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
+    cfg.batch_sizes = sorted({min(args.batch_size, len(prompt_ids)), 1})  # auto:K's cost curve
+    speculator = build_speculator(target, cfg)
+    start = time.perf_counter()
+    run = (args.max_new_tokens, args.seed, args.batch_size)
+    results = speculator.generate(prompt_ids, params, *run, progress=not args.json)
+    wall = time.perf_counter() - start
+    if (policy := speculator.policies.get(args.batch_size)) is not None:
+        log.info("load-aware depth counts (0..%d): %s", speculator.max_depth, policy.depth_counts)
+    ssd_metrics = speculator.finish()  # hit rates, hidden draft time, target idle ([] without SSD)
+    print_rows(args, target, texts, results, ssd_metrics)
+    log_totals(results, wall)
+    if cfg.chained:  # side files after the rows: a late failure here loses no generated text
+        write_trace(args, speculator.trace)
+
+
+def spec_config(args: argparse.Namespace):
+    """generate's speculation flags -> a checked SpecConfig (runtime/speculator.py)."""
+    from draftsmith.runtime.speculator import SpecConfig
+
+    cfg = SpecConfig(
+        args.draft,
+        args.tree,
+        static=args.cuda_graphs,
+        quantize_draft=args.quantize_draft,
+        draft_group_size=args.draft_group_size,
+        **ssd_fields(args),
+    )
+    return cfg.validate()
+
+
+def generate_inputs(args: argparse.Namespace):
+    """-> (the sampling parameters, the prompt texts), checked."""
+    from draftsmith.runtime.core.prompts import read_prompts_file
+    from draftsmith.runtime.verify.sampling import SamplingParams
+
     params = SamplingParams(args.temperature, args.top_p, args.top_k).validate()
     if args.max_new_tokens < 1:
         raise BadInputError("--max-new-tokens", args.max_new_tokens, "an integer >= 1")
     if args.batch_size < 1:
         raise BadInputError("--batch-size", args.batch_size, "an integer >= 1")
     texts = [args.prompt] if args.prompt is not None else read_prompts_file(args.prompts)
-    ssd_depth = ssd_cli.check_args(args, tree, auto_depth) if ssd_cli.uses_ssd(args) else None
-    quant = parse_quantize(args.quantize, args.group_size)  # runtime/core/quantize.py
-    draft_quant = parse_quantize(args.quantize_draft, args.draft_group_size, "--quantize-draft")
-    target = Target.load(args.target, device=args.device, dtype=args.dtype)
-    if quant is not None:  # before the drafter: a self: drafter runs the quantized layers too
-        quantize_target(target, quant)
-    if args.attention != "sdpa":
-        from draftsmith.runtime.core.kernel_attention import use_kernel_attention
+    return params, texts
 
-        use_kernel_attention(target, args.attention)
-    rows_plan = set()
-    if args.cpu_linears == "auto":  # fp32 on a CPU only; a quantized target keeps its own linears
-        from draftsmith.runtime.core.row_linear import tune_rows_plan
 
-        rows_plan = tune_rows_plan(target)
-    drafter = ssd_cli.build(args, target, ssd_depth) if ssd_depth else build_drafter(args.draft, target, tree)
-    if draft_quant is not None:
-        quantize_draft(drafter, target, draft_quant, args.draft)
-    if rows_plan:  # a head's or draft model's own linears too (after --quantize-draft: those keep theirs)
-        from draftsmith.runtime.core.row_linear import drafter_roots, use_rows_linear
-
-        for root in drafter_roots(drafter, target):
-            use_rows_linear(root, rows_plan)
-    prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
-    policy = None
-    if auto_depth and drafter is not None:  # measured before the clock starts, like a server's start-up
-        sizes = sorted({min(args.batch_size, len(prompt_ids)), 1})
-        costs = measure_verify_costs(target, sizes, max_nodes=auto_depth + 1)
-        policy = LoadAwareDepth(costs, auto_depth, step_cost=drafter.step_cost)
-    start = time.perf_counter()
-    run = (args.max_new_tokens, args.seed, args.batch_size)
-    static = args.cuda_graphs
-    if drafter is None:
-        results = generate_plain(target, prompt_ids, params, *run, progress=not args.json, static=static)
-    else:
-        try:
-            results = generate_speculative(
-                target, drafter, prompt_ids, params, *run, not args.json, policy=policy, static=static
-            )
-        except BaseException:
-            if ssd_depth:
-                ssd_cli.abort(drafter)  # no drafter process outlives an error
-            raise
-        if policy is not None:
-            logging.getLogger("draftsmith").info(
-                "load-aware depth counts (0..%d): %s", auto_depth, policy.depth_counts
-            )
-    wall = time.perf_counter() - start
-    ssd_metrics = ssd_cli.finish(drafter) if ssd_depth else []
+def print_rows(args: argparse.Namespace, target, texts: list[str], results, ssd_metrics: list[dict]) -> None:
+    """The generated text, or with --json one row per prompt (SSD's metrics on the rows of each batch)."""
     for i, (text, res) in enumerate(zip(texts, results, strict=True)):
         if args.json:
             row = result_row(target, text, res)
-            if i // args.batch_size < len(ssd_metrics):  # hit rates, hidden draft time, target idle
+            if i // args.batch_size < len(ssd_metrics):
                 row["ssd"] = ssd_metrics[i // args.batch_size]
             print(json.dumps(row), flush=True)
         else:
             print(target.decode(res.token_ids), end="\n\n" if len(results) > 1 else "\n", flush=True)
+
+
+def log_totals(results, wall: float) -> None:
+    """One log line: prompts, new tokens, tokens/s, target forwards, tau and acceptance per position."""
+    from draftsmith.runtime.core.engine import accept_rates
+
     new = sum(r.new_tokens for r in results)
     forwards = sum(r.target_forwards for r in results)
     rates = accept_rates(
         [a for r in results for a in r.accepted_lengths], [d for r in results for d in r.draft_depths]
     )
-    logging.getLogger("draftsmith").info(
+    log.info(
         "%d prompt(s), %d new tokens in %.2f s (%.1f tok/s), %d target forwards, tau %.2f%s",
         len(results),
         new,
@@ -196,8 +208,6 @@ def run_generate(args: argparse.Namespace) -> None:
         new / max(forwards, 1),
         f", acceptance per position {[round(r, 2) for r in rates]}" if rates else "",
     )
-    if ssd_depth:  # side files after the rows: a late failure here loses no generated text
-        ssd_cli.write_trace(args, drafter)
 
 
 def result_row(target, prompt: str, res) -> dict:
