@@ -18,34 +18,44 @@ from draftsmith.runtime.cli.args import (
 )
 from draftsmith.runtime.core.errors import flag_needs
 
+DATA_DESCRIPTION = (
+    "Data recipes for head training. Each step writes a folder with a draftsmith_data.json record\n"
+    "(inputs hash, target/tokenizer/template hashes, summary of kept and dropped rows); re-running\n"
+    "a step with the same inputs is a no-op, a killed step resumes. regenerate and capture take\n"
+    "--num-shards N --shard-index K (one process or machine per part; the parts read as one). Under\n"
+    "torchrun they take --target-placement tp --tp-size N: the target split over N processes, each\n"
+    'group of N making one part (README, "Targets larger than one GPU"). regenerate and capture run\n'
+    "on --engine auto: vLLM where it is measured faster (regenerate on a CPU-only machine) and a\n"
+    "Python with vLLM is found, else draftsmith's engine; the log names the engine and why.\n\n"
+    "examples:\n"
+    "  draftsmith data prepare --source sharegpt --out data/sg --max-samples 1000 --max-length 1024\n"
+    "  draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8\n"
+    "  draftsmith data capture --data data/sg-regen --out data/sg-hidden --dtype bfloat16\n"
+    "  draftsmith data capture --data data/sg-regen --out data/sg-h --num-shards 4 --shard-index 0\n"
+    "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data capture --target-placement tp \\\n"
+    "      --tp-size 8 --target meta-llama/Llama-3.3-70B-Instruct --data data/sg-regen --out data/h\n"
+    "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data regenerate --target T \\\n"
+    "      --target-placement tp --tp-size 4 --data data/sg --out data/sg-regen  # 2 parts\n"
+    "  draftsmith data vocab --data data/sg-regen --draft-vocab-size 8192 --out data/sg-vocab"
+)
+
 
 def add_data(sub) -> None:
     p = sub.add_parser(
         "data",
         help="turn conversations into training data for a target: prepare, regenerate, capture, vocab",
         formatter_class=Formatter,
-        description=(
-            "Data recipes for head training. Each step writes a folder with a draftsmith_data.json record\n"
-            "(inputs hash, target/tokenizer/template hashes, summary of kept and dropped rows); re-running\n"
-            "a step with the same inputs is a no-op, a killed step resumes. regenerate and capture take\n"
-            "--num-shards N --shard-index K (one process or machine per part; the parts read as one). Under\n"
-            "torchrun they take --target-placement tp --tp-size N: the target split over N processes, each\n"
-            'group of N making one part (README, "Targets larger than one GPU"). regenerate and capture run\n'
-            "on --engine auto: vLLM where it is measured faster (regenerate on a CPU-only machine) and a\n"
-            "Python with vLLM is found, else draftsmith's engine; the log names the engine and why.\n\n"
-            "examples:\n"
-            "  draftsmith data prepare --source sharegpt --out data/sg --max-samples 1000 --max-length 1024\n"
-            "  draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8\n"
-            "  draftsmith data capture --data data/sg-regen --out data/sg-hidden --dtype bfloat16\n"
-            "  draftsmith data capture --data data/sg-regen --out data/sg-h --num-shards 4 --shard-index 0\n"
-            "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data capture --target-placement tp \\\n"
-            "      --tp-size 8 --target meta-llama/Llama-3.3-70B-Instruct --data data/sg-regen --out data/h\n"
-            "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data regenerate --target T \\\n"
-            "      --target-placement tp --tp-size 4 --data data/sg --out data/sg-regen  # 2 parts\n"
-            "  draftsmith data vocab --data data/sg-regen --draft-vocab-size 8192 --out data/sg-vocab"
-        ),
+        description=DATA_DESCRIPTION,
     )
     steps = p.add_subparsers(dest="step", required=True, metavar="STEP")
+    add_prepare(steps)
+    add_regenerate(steps)
+    add_capture(steps)
+    add_vocab(steps)
+
+
+def add_prepare(steps) -> None:
+    """`data prepare`: conversations -> token ids and loss masks."""
     prep = steps.add_parser(
         "prepare",
         help="conversations -> chat-templated token ids + assistant-only loss masks",
@@ -76,6 +86,9 @@ def add_data(sub) -> None:
     declare_outputs(prep, dirs=("--out",))  # checked before the step starts
     prep.set_defaults(run=_run_data("prepare"))
 
+
+def add_regenerate(steps) -> None:
+    """`data regenerate`: the target's own answers in place of the assistant turns."""
     regen = steps.add_parser(
         "regenerate",
         help="replace assistant turns with the target's own answers (self-distillation)",
@@ -98,6 +111,9 @@ def add_data(sub) -> None:
     declare_outputs(regen, dirs=("--out",))  # checked before the step starts
     regen.set_defaults(run=_run_data("regenerate"))
 
+
+def add_capture(steps) -> None:
+    """`data capture`: the target's hidden states per token."""
     cap = steps.add_parser(
         "capture",
         help="store the target's aux and final (pre-norm) hidden states per token: shard-NNNNN.safetensors "
@@ -113,36 +129,44 @@ def add_data(sub) -> None:
         help="comma-separated ids of decoder-layer outputs, 0-based (id i = transformers hidden_states[i+1], "
         "SGLang/SpecForge convention; vLLM/speculators call it i+1); auto = 1, L//2-1, L-4",
     )
-    cap.add_argument(
-        "--storage-dtype",
-        default="bfloat16",
-        help="bfloat16, float16, float32, or fp8: the aux states as float8_e4m3fn with per-token scales "
-        "(about 0.6x the bytes of bfloat16; the last hidden state stays bfloat16)",
-    )
-    cap.add_argument(
-        "--fp8-last-hidden",
-        action="store_true",
-        help="with --storage-dtype fp8: store the last hidden state (the target's logits) in fp8 too",
-    )
-    cap.add_argument(
-        "--fp8-bf16-layers",
-        default=None,
-        metavar="IDS",
-        help="with --storage-dtype fp8: aux layer ids (of --aux-layers) kept in bfloat16, e.g. 1: the "
-        "shallowest aux layer loses the most to fp8 (+0.6x its bytes, BENCHMARKS.md)",
-    )
+    add_storage_args(cap)
     cap.add_argument("--split", default="train", help="train, validation or all")
     cap.add_argument("--shard-tokens", type=int_arg("--shard-tokens"), default=65536, help="tokens per shard")
     add_shard_args(cap, "rows (about equal tokens)")
     add_placement_args(cap)
     add_engine_args(cap)
     declare_outputs(cap, dirs=("--out",))  # checked before the step starts
-    fp8_flags = ("--fp8-last-hidden", "--fp8-bf16-layers")
-    declare_needs(
-        cap, *(flag_needs(f, "--storage-dtype fp8", lambda a: a.storage_dtype == "fp8") for f in fp8_flags)
-    )
     cap.set_defaults(run=_run_data("capture"))
 
+
+def add_storage_args(p: argparse.ArgumentParser) -> None:
+    """How capture stores the hidden states: the dtype, and what fp8 storage keeps wider."""
+    p.add_argument(
+        "--storage-dtype",
+        default="bfloat16",
+        help="bfloat16, float16, float32, or fp8: the aux states as float8_e4m3fn with per-token scales "
+        "(about 0.6x the bytes of bfloat16; the last hidden state stays bfloat16)",
+    )
+    p.add_argument(
+        "--fp8-last-hidden",
+        action="store_true",
+        help="with --storage-dtype fp8: store the last hidden state (the target's logits) in fp8 too",
+    )
+    p.add_argument(
+        "--fp8-bf16-layers",
+        default=None,
+        metavar="IDS",
+        help="with --storage-dtype fp8: aux layer ids (of --aux-layers) kept in bfloat16, e.g. 1: the "
+        "shallowest aux layer loses the most to fp8 (+0.6x its bytes, BENCHMARKS.md)",
+    )
+    fp8_flags = ("--fp8-last-hidden", "--fp8-bf16-layers")
+    declare_needs(
+        p, *(flag_needs(f, "--storage-dtype fp8", lambda a: a.storage_dtype == "fp8") for f in fp8_flags)
+    )
+
+
+def add_vocab(steps) -> None:
+    """`data vocab`: the draft-vocabulary map."""
     voc = steps.add_parser(
         "vocab",
         help="draft-vocabulary map (d2t offsets, t2d mask) from supervised tokens",
