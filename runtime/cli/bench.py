@@ -1,4 +1,4 @@
-"""`draftsmith bench`: the argparse shell over runtime.bench_run.run_bench."""
+"""`draftsmith bench`: the argparse shell over runtime/bench/run.py `run_bench`."""
 
 from __future__ import annotations
 
@@ -41,46 +41,59 @@ def check_baselines(names: list[str]) -> list[str]:
     return names
 
 
+BENCH_DESCRIPTION = (
+    "Decode the same prompts with plain decoding, the baselines and every --draft (combined with\n"
+    "every --tree), per temperature and batch size: warm-up first, methods interleaved per batch,\n"
+    "repeats with medians. Prints a table per block and writes OUT/results.json (one row per\n"
+    "method, temperature and batch size: tokens/s, speedup over plain, tau, acceptance per\n"
+    "position, TTFT/TPOT, greedy_identical at T=0), OUT/meta.json (command, versions, machine,\n"
+    "roofline), OUT/report.md and PNG plots.\n\n"
+    "Tree auto:K is load-aware speculation: the engine measures its verify-cost curve at start-up\n"
+    "and drafts a chain of depth 0..K per cycle, whichever gives the most expected tokens per\n"
+    "second for the acceptance it observes (0 = a plain step), so speculation never costs much\n"
+    "more than plain decoding even where verification is compute-bound.\n\n"
+    "examples:\n"
+    "  draftsmith bench --draft ngram --prompts humaneval --num-prompts 20\n"
+    "  draftsmith bench --draft eagle3:runs/eagle3-smollm2-135m/final --tree chain:2 \\\n"
+    "      --tree auto:3 \\\n"
+    "      --prompts sharegpt --temperatures 0,1 --batch-sizes 1,4,16\n"
+    "  draftsmith bench --draft 'self:layers=20@chain:2' --prompts mtbench:question.jsonl \\\n"
+    "      --categories coding,math --baselines plain,hf,vllm\n"
+    "  draftsmith bench --draft eagle3:HEAD --baselines plain,vllm,vllm-eagle3:HEAD@chain:2\n"
+    "  draftsmith bench --draft ngram --baselines plain,llamacpp,llamacpp-lookup --batch-sizes 1\n"
+    "  draftsmith bench --device cuda --baselines plain,plain+graphs \\\n"
+    "      --draft 'eagle3:HEAD@chain:3+graphs'\n\n"
+    "A +graphs suffix runs plain or DRAFT@TREE on the GPU engine path (static KV cache,\n"
+    "CUDA graphs). llamacpp[:GGUF] runs llama.cpp (bash scripts/setup_llamacpp.sh) on the GGUF the\n"
+    "target came from, or on GGUF; rows name its precision (weights: Q4_1, Q8_0, F32).\n"
+    "A +ssd[:F] suffix (DRAFT@chain:K+ssd:8) runs the draft through SSD in process\n"
+    "(generate --ssd).\n"
+    "Speculative rows carry draft and verify ms per cycle (mean), the draft share of wall time, and\n"
+    "for +ssd the hit rate per accepted length, draft latency hidden and target idle time."
+)
+
+
 def add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="speed of drafts side by side with plain decoding, transformers and vLLM",
         formatter_class=Formatter,
-        description=(
-            "Decode the same prompts with plain decoding, the baselines and every --draft (combined with\n"
-            "every --tree), per temperature and batch size: warm-up first, methods interleaved per batch,\n"
-            "repeats with medians. Prints a table per block and writes OUT/results.json (one row per\n"
-            "method, temperature and batch size: tokens/s, speedup over plain, tau, acceptance per\n"
-            "position, TTFT/TPOT, greedy_identical at T=0), OUT/meta.json (command, versions, machine,\n"
-            "roofline), OUT/report.md and PNG plots.\n\n"
-            "Tree auto:K is load-aware speculation: the engine measures its verify-cost curve at start-up\n"
-            "and drafts a chain of depth 0..K per cycle, whichever gives the most expected tokens per\n"
-            "second for the acceptance it observes (0 = a plain step), so speculation never costs much\n"
-            "more than plain decoding even where verification is compute-bound.\n\n"
-            "examples:\n"
-            "  draftsmith bench --draft ngram --prompts humaneval --num-prompts 20\n"
-            "  draftsmith bench --draft eagle3:runs/eagle3-smollm2-135m/final --tree chain:2 \\\n"
-            "      --tree auto:3 \\\n"
-            "      --prompts sharegpt --temperatures 0,1 --batch-sizes 1,4,16\n"
-            "  draftsmith bench --draft 'self:layers=20@chain:2' --prompts mtbench:question.jsonl \\\n"
-            "      --categories coding,math --baselines plain,hf,vllm\n"
-            "  draftsmith bench --draft eagle3:HEAD --baselines plain,vllm,vllm-eagle3:HEAD@chain:2\n"
-            "  draftsmith bench --draft ngram --baselines plain,llamacpp,llamacpp-lookup --batch-sizes 1\n"
-            "  draftsmith bench --device cuda --baselines plain,plain+graphs \\\n"
-            "      --draft 'eagle3:HEAD@chain:3+graphs'\n\n"
-            "A +graphs suffix runs plain or DRAFT@TREE on the GPU engine path (static KV cache,\n"
-            "CUDA graphs). llamacpp[:GGUF] runs llama.cpp (bash scripts/setup_llamacpp.sh) on the GGUF the\n"
-            "target came from, or on GGUF; rows name its precision (weights: Q4_1, Q8_0, F32).\n"
-            "A +ssd[:F] suffix (DRAFT@chain:K+ssd:8) runs the draft through SSD in process\n"
-            "(generate --ssd).\n"
-            "Speculative rows carry draft and verify ms per cycle (mean), the draft share of wall time, and\n"
-            "for +ssd the hit rate per accepted length, draft latency hidden and target idle time."
-        ),
+        description=BENCH_DESCRIPTION,
     )
     add_target_args(p)
     add_attention_arg(p)
     add_cpu_linears_arg(p)
     add_quantize_args(p)
+    add_method_args(p)
+    add_workload_args(p)
+    add_output_args(p)
+    declare_outputs(p, dirs=("--out",))
+    declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)))
+    p.set_defaults(run=run_bench_cli)
+
+
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    """The drafts timed: each --draft with each --tree (DRAFT@TREE keeps its own)."""
     p.add_argument(
         "--draft",
         action="append",
@@ -95,6 +108,11 @@ def add_bench(sub) -> None:
         "static:..., dynamic:..., auto:K (load-aware); default: chain:2 and auto:2 (depth 1 for a one-module "
         "MTP head)",
     )
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    """What every method decodes (prompts, lengths, temperatures, batch sizes), the --baselines beside the
+    drafts, repeats and seed."""
     p.add_argument(
         "--prompts",
         default="sharegpt",
@@ -124,6 +142,10 @@ def add_bench(sub) -> None:
     p.add_argument(
         "--no-chat", action="store_true", help="feed prompts as they are (single-turn sources only)"
     )
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    """Where the rows go, what else is measured and how phases are timed."""
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-roofline", action="store_true", help="skip measuring bandwidth and matmul rate")
     p.add_argument("--out", default="runs/bench", help="output folder")
@@ -133,9 +155,6 @@ def add_bench(sub) -> None:
         help="on CUDA, synchronize at each draft / verify phase boundary so every kernel counts in the phase "
         "that launched it (costs a stall per phase; CPU runs are exact without it)",
     )
-    declare_outputs(p, dirs=("--out",))
-    declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)))
-    p.set_defaults(run=run_bench_cli)
 
 
 def run_bench_cli(args: argparse.Namespace) -> None:
