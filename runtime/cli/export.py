@@ -67,6 +67,16 @@ def add_export(sub) -> None:
         "--format", default="draftsmith", help="an export layout of the head's kind (formats above)"
     )
     p.add_argument("--out", required=True, help="the export folder (new or empty; see --overwrite)")
+    add_layout_args(p)
+    add_card_args(p)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
+    add_hub_args(p)
+    declare_outputs(p, dirs=("--out",))
+    p.set_defaults(run=run_export)
+
+
+def add_layout_args(p: argparse.ArgumentParser) -> None:
+    """What the chosen layout needs: the aux-id convention, the verifier or target, quantization, depth."""
     p.add_argument(
         "--engine", default="sglang", help="eagle3 format: whose aux-id convention, sglang or vllm"
     )
@@ -97,17 +107,23 @@ def add_export(sub) -> None:
         default=3,
         help="drafted tokens per step written in the speculators config and the serve commands",
     )
+
+
+def add_card_args(p: argparse.ArgumentParser) -> None:
+    """What the model card records besides the head: bench rows, the vLLM check, the license."""
     p.add_argument(
         "--bench",
         help="a bench JSON (compare-*.json / results.json): its rows for this head go into the model card",
     )
     p.add_argument("--vllm-check", help="scripts/check_vllm.sh's summary.json, recorded in the model card")
     p.add_argument("--license", help="model card license (default: apache-2.0 for SmolLM2 heads, else other)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
+
+
+def add_hub_args(p: argparse.ArgumentParser) -> None:
+    """--push-to-hub and the options that need it."""
     p.add_argument("--push-to-hub", metavar="REPO_ID", help="also upload the folder to this Hub repository")
     p.add_argument("--private", action="store_true", help="create the Hub repository private")
     p.add_argument("--revision", help="Hub branch to push to (created if missing)")
-    declare_outputs(p, dirs=("--out",))
     declare_needs(
         p,
         *(
@@ -115,7 +131,6 @@ def add_export(sub) -> None:
             for f in ("--private", "--revision")
         ),
     )
-    p.set_defaults(run=run_export)
 
 
 def run_export(args: argparse.Namespace) -> None:
