@@ -5,17 +5,25 @@
 Loading is strict (unknown keys and wrong types are errors naming the dotted key) and `validate` checks
 every value a run depends on before anything heavy starts. docs/architecture.md (section 4) names three
 override keys every train config accepts: `output_dir`, `train.max_steps`, `data.max_samples`.
+
+The co-training weights are the kind's own keys, in its `head:` section (`head.cotrain_weight`, ...:
+runtime/heads/head_kind.py CotrainSection). A config written before that (`cotrain.mtp_weight`,
+`cotrain.eagle3_weight`, `cotrain.medusa_weight`, ...) still loads: `move_cotrain_keys` reads each as the
+new key of its kind, with a warning naming the new place.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-from draftsmith.runtime.core.config import load_config
+from draftsmith.runtime.core.config import apply_override, from_dict, read_yaml
 from draftsmith.runtime.core.errors import BadInputError, Needs, check_needs, check_output_dir
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import HeadSection
+
+log = logging.getLogger("draftsmith")
 
 
 def default_head() -> HeadSection:
@@ -25,9 +33,10 @@ def default_head() -> HeadSection:
 @dataclass
 class CotrainConfig:
     """Train the target with the head, for kinds that allow it (runtime/heads/head_kinds.py, `cotrain=True`):
-    MTP, loss = L_next + mtp_weight * sum_m decay**m L_m; Medusa-2 (train/medusa2.py), loss = L_LM +
-    lambda0 * sum_k decay**k CE_k (Cai et al. 2024, arXiv:2401.10774 section 2.3.2); EAGLE-3
-    (train/eagle3_cotrain.py), loss = L_next + eagle3_weight * sum_k decay**k L_k (the TTT loss)."""
+    how the target trains. The draft loss's weight is the kind's own `head.cotrain_weight`: MTP, loss =
+    L_next + w * sum_m decay**m L_m; Medusa-2 (train/medusa2.py), loss = L_LM + lambda0 * sum_k decay**k CE_k
+    (Cai et al. 2024, arXiv:2401.10774 section 2.3.2); EAGLE-3 (train/eagle3_cotrain.py), loss = L_next +
+    w * sum_k decay**k L_k (the TTT loss)."""
 
     enabled: bool = False
     method: Literal["lora", "full"] = "lora"  # LoRA adapters (peft, merged at export) or every weight
@@ -36,17 +45,6 @@ class CotrainConfig:
     lora_dropout: float = 0.0
     lora_target_modules: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
     freeze_embeddings: bool = True  # keep the embedding and the LM head (tied in SmolLM2) as they were
-    mtp_weight: float = 0.3  # lambda (DeepSeek-V3: 0.3 early in pretraining)
-    # EAGLE-3: w of the TTT loss (MTP's lambda; ModelOpt's co-training adds its EAGLE loss with weight 1);
-    # detach_features: the head's loss stops at the target's aux features (the target then trains on
-    # L_next alone); false lets it shape them, as Medusa-2's and DeepSeek-V3's draft losses reach the trunk
-    eagle3_weight: float = 0.3
-    eagle3_detach_features: bool = False
-    # Medusa-2: lambda0 (0.2 in the Medusa-2 axolotl recipes), ramped from ~0 over the warmup steps (the
-    # paper's heads warmup: fresh heads' large loss must not drag the target), linear or sine in the step
-    medusa_weight: float = 0.2
-    medusa_weight_warmup_steps: int = 0  # 0 = lambda0 from the first step
-    medusa_weight_schedule: Literal["linear", "sine"] = "sine"
     # Medusa-2 self-distillation, for data whose answers are not the target's own: the target's loss is
     # KL(original || target) per position instead of CE on the data; the original is the target with its
     # LoRA adapters off, or a frozen copy (full, or freeze_embeddings=false: the weights once more in memory)
@@ -301,19 +299,54 @@ class TrainConfig:
                 [c.lora_rank, c.lora_alpha, c.lora_dropout],
                 "rank >= 1, alpha >= 1, dropout in [0, 1)",
             )
-        if not c.mtp_weight > 0:
-            raise BadInputError("cotrain.mtp_weight", c.mtp_weight, "a number > 0")
-        if not c.eagle3_weight > 0:
-            raise BadInputError("cotrain.eagle3_weight", c.eagle3_weight, "a number > 0 (w of L_eagle3)")
-        if not c.medusa_weight > 0:
-            raise BadInputError("cotrain.medusa_weight", c.medusa_weight, "a number > 0 (lambda0)")
-        if c.medusa_weight_warmup_steps < 0:
-            raise BadInputError(
-                "cotrain.medusa_weight_warmup_steps", c.medusa_weight_warmup_steps, "an integer >= 0"
-            )
         if not c.target_lr_ratio > 0:
             raise BadInputError("cotrain.target_lr_ratio", c.target_lr_ratio, "a number > 0")
 
 
 def load_train_config(path, overrides=()) -> TrainConfig:
-    return load_config(TrainConfig, path, list(overrides)).validate()
+    """A YAML file (or None: the defaults) and `a.b=value` overrides -> a checked TrainConfig."""
+    data = read_yaml(path) if path is not None else {}
+    for item in overrides:
+        apply_override(data, item)
+    move_cotrain_keys(data)
+    return from_dict(TrainConfig, data).validate()
+
+
+# The co-training weights that were `cotrain:` keys: old key -> (its kind, its key in that kind's head:)
+MOVED_TO_HEAD = {
+    "mtp_weight": ("mtp", "cotrain_weight"),
+    "eagle3_weight": ("eagle3", "cotrain_weight"),
+    "eagle3_detach_features": ("eagle3", "cotrain_detach_features"),
+    "medusa_weight": ("medusa", "cotrain_weight"),
+    "medusa_weight_warmup_steps": ("medusa", "cotrain_weight_warmup_steps"),
+    "medusa_weight_schedule": ("medusa", "cotrain_weight_schedule"),
+}
+
+
+def move_cotrain_keys(data: dict) -> None:
+    """A config (mapping) written before the co-training weights moved into the kind's `head:` section:
+    each old `cotrain.KEY` of the config's kind becomes its new `head.KEY`, one of another kind (which never
+    acted: a resolved config lists them all) is dropped, both with a warning naming the new place. An old
+    key and its new one both set, to different values, is an error."""
+    cotrain, head = data.get("cotrain"), data.get("head")
+    old = [key for key in MOVED_TO_HEAD if isinstance(cotrain, dict) and key in cotrain]
+    if not old or not isinstance(head if head is not None else {}, dict):
+        return
+    head = data.setdefault("head", {})
+    kind = head.get("type", head_kinds.DEFAULT_KIND)
+    moved, dropped = [], []
+    for key in old:
+        owner, new = MOVED_TO_HEAD[key]
+        value = cotrain.pop(key)
+        if owner != kind:
+            dropped.append(f"cotrain.{key} (now head.{new} of head.type={owner})")
+            continue
+        if new in head and head[new] != value:
+            raise BadInputError(f"cotrain.{key}", value, f"unset: it is head.{new} now, set to {head[new]!r}")
+        head[new] = value
+        moved.append(f"cotrain.{key} -> head.{new}")
+    log.warning(
+        "train config: the co-training weights are the kind's own head: keys now; read %s%s",
+        ", ".join(moved) or "none of them",
+        f"; ignored {', '.join(dropped)}" if dropped else "",
+    )

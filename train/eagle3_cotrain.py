@@ -9,7 +9,7 @@ The step runs the target's own forward with gradients on a right-padded batch (o
 features come from a frozen target), keeping the outputs of the aux layers (forward hooks), the residual
 stream entering the final norm and the normed last state. The loss is
 
-    L = L_next + w * L_eagle3        w = cotrain.eagle3_weight (MTP's lambda, 0.3 by default)
+    L = L_next + w * L_eagle3        w = head.cotrain_weight (MTP's lambda, 0.3 by default)
 
 L_next is the target's CE on the data's next token (train/mtp_objective.next_token_loss, as MTP
 co-training), L_eagle3 the frozen-target objective's TTT loss (train/heads.TTTModel with the same loss,
@@ -23,7 +23,7 @@ the aux hidden states instead.) The features F_t are not detached by default: th
 target through them, so the target may shape the states the head reads, as Medusa-2's heads' loss reaches
 the backbone through its last hidden state (Cai et al. 2024, arXiv:2401.10774 section 2.3.2) and DeepSeek-V3's
 MTP loss its trunk ("pre-plan its representations", arXiv:2412.19437 section 2.2); EAGLE-3 itself (Li et
-al. 2025, arXiv:2503.01840) only trains against a frozen target. `cotrain.eagle3_detach_features=true`
+al. 2025, arXiv:2503.01840) only trains against a frozen target. `head.cotrain_detach_features=true`
 stops the head's loss at the features: the target then trains on L_next alone and the head follows it.
 The drift report (train/cotrain.drift_sums, train/trainer.py) keeps a faster but worse target from
 shipping unnoticed. Tests: tests/train/test_eagle3_cotrain.py.
@@ -112,11 +112,11 @@ def cotrain_model(cfg, target, ttt_model, aux_layers):
     -> (Eagle3CotrainModel, peft model or None). The original's weights hash is kept for save_cotrained."""
     original_hash = target.weights_hash()
     peft_model = make_trainable(target, cfg.cotrain)
-    c = cfg.cotrain
-    model = Eagle3CotrainModel(ttt_model, target, aux_layers, c.eagle3_weight, c.eagle3_detach_features)
+    h = cfg.head  # the co-training weight and detach_features are the head section's (eagle3_kind.py)
+    model = Eagle3CotrainModel(ttt_model, target, aux_layers, h.cotrain_weight, h.cotrain_detach_features)
     model.original_hash = original_hash
-    how = "stops at the features" if c.eagle3_detach_features else "reaches the target through its features"
-    log.info("EAGLE-3 co-training: L_next + %g * L_eagle3; the head's loss %s", c.eagle3_weight, how)
+    how = "stops at the features" if h.cotrain_detach_features else "reaches the target through its features"
+    log.info("EAGLE-3 co-training: L_next + %g * L_eagle3; the head's loss %s", h.cotrain_weight, how)
     return model, peft_model
 
 

@@ -237,7 +237,7 @@ class MtpKind:
             self.head.init_from_target(target)
         self.peft_model = make_trainable(target, cfg.cotrain) if cotrain else None
         self.head.float()
-        weight = cfg.cotrain.mtp_weight if cotrain else None
+        weight = cfg.head.cotrain_weight if cotrain else None  # lambda: the head section's (mtp_kind.py)
         self.model = MtpModel(self.head, target, cfg.head.labels, cfg.train.step_decay, weight)
         self.depth = cfg.head.num_modules
 

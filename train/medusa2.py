@@ -2,15 +2,15 @@
 
     side, peft_model, original = cotrained_target(cfg, target)   # LoRA (peft) or full; the teacher
     model = MedusaModel(heads, target, labels, decay, cotrain=side)  # train/medusa_objective.py
-    side.weight = medusa_weight(step, cfg.cotrain)                   # lambda0 of this optimizer step
+    side.weight = medusa_weight(step, cfg.head)                      # lambda0 of this optimizer step
     heads = bind_to_target(heads, merged_model, "runs/x/final/target")  # only that target serves them
 
 The loss is L = L_LM + lambda0 * L_medusa, L_medusa Medusa-1's sum_k 0.8^k CE_k (train/medusa_objective.py),
 here with the gradient flowing through the heads into the target. The paper's three ingredients, as
-config keys of `cotrain:` (train/config.py):
-- combined loss: `medusa_weight` (lambda0; 0.2 in the Medusa-2 axolotl recipes);
-- heads warmup: lambda0 ramps up over `medusa_weight_warmup_steps` (`medusa_weight_schedule`: linear or
-  sine), so the heads' large early loss does not drag the target before they have learned anything;
+config keys of the Medusa `head:` section (runtime/heads/medusa_kind.py) and `cotrain:` (train/config.py):
+- combined loss: `head.cotrain_weight` (lambda0; 0.2 in the Medusa-2 axolotl recipes);
+- heads warmup: lambda0 ramps up over `head.cotrain_weight_warmup_steps` (`head.cotrain_weight_schedule`:
+  linear or sine), so the heads' large early loss does not drag the target before they have learned anything;
 - differential learning rates: the target's weights train at `train.lr * target_lr_ratio`, the heads at
   `train.lr` (the trainer's parameter groups, train/cotrain.param_groups).
 L_LM is the target's cross-entropy on the data, or with `self_distill` (the data's answers are not the
@@ -42,16 +42,17 @@ from draftsmith.train.mtp_objective import next_token_loss, teacher_positions
 log = logging.getLogger("draftsmith")
 
 
-def medusa_weight(step: int, cotrain) -> float:
-    """lambda0 at optimizer step `step` (0-based): `medusa_weight` times the warmup's ramp, which reaches
-    1 at step `medusa_weight_warmup_steps - 1` (linear: (s+1)/W; sine: sin(pi/2 (s+1)/W)), 1 after it."""
-    warmup = cotrain.medusa_weight_warmup_steps
+def medusa_weight(step: int, head) -> float:
+    """lambda0 at optimizer step `step` (0-based) of a Medusa `head:` section (runtime/heads/medusa_kind.py):
+    `cotrain_weight` times the warmup's ramp, which reaches 1 at step `cotrain_weight_warmup_steps - 1`
+    (linear: (s+1)/W; sine: sin(pi/2 (s+1)/W)), 1 after it."""
+    warmup = head.cotrain_weight_warmup_steps
     if warmup <= 0:
-        return cotrain.medusa_weight
+        return head.cotrain_weight
     ramp = min(1.0, (step + 1) / warmup)
-    if cotrain.medusa_weight_schedule == "sine":
+    if head.cotrain_weight_schedule == "sine":
         ramp = math.sin(0.5 * math.pi * ramp)
-    return cotrain.medusa_weight * ramp
+    return head.cotrain_weight * ramp
 
 
 class CotrainedTarget(nn.Module):
@@ -91,7 +92,7 @@ def cotrained_target(cfg, target):
     if c.self_distill:
         how = "a frozen copy of the original" if original is not None else "the target with adapters off"
         log.info("Medusa-2 self-distillation: the target's loss is KL to %s", how)
-    side = CotrainedTarget(target, teacher, c.self_distill, medusa_weight(0, c))
+    side = CotrainedTarget(target, teacher, c.self_distill, medusa_weight(0, cfg.head))
     return side, peft_model, teacher
 
 

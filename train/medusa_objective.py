@@ -184,7 +184,7 @@ class MedusaKind:
         if self.model.cotrain is not None:
             from draftsmith.train.medusa2 import medusa_weight
 
-            self.model.cotrain.weight = medusa_weight(step, self.cfg.cotrain)
+            self.model.cotrain.weight = medusa_weight(step, self.cfg.head)
 
     def log_fields(self) -> dict:
         """What a train row adds: Medusa-2's lambda0 of the step."""

@@ -28,8 +28,8 @@ from draftsmith.runtime.core.artifacts import (
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
 from draftsmith.runtime.heads.eagle3_binding import binding_details, check_export_target
 from draftsmith.runtime.heads.head_kind import (
+    CotrainSection,
     HeadKind,
-    HeadSection,
     Layout,
     LayoutOptions,
     ServeArgs,
@@ -45,8 +45,9 @@ VLLM = VllmServe(layout="eagle3", method="eagle3")  # the official layout with v
 
 
 @dataclass
-class Eagle3Section(HeadSection):
-    """`head:` of an EAGLE-3 train config (configs/eagle3-smollm2-135m.yaml)."""
+class Eagle3Section(CotrainSection):
+    """`head:` of an EAGLE-3 train config (configs/eagle3-smollm2-135m.yaml); with `cotrain:`,
+    configs/eagle3-cotrain-lora-smollm2-135m.yaml (train/eagle3_cotrain.py)."""
 
     type: Literal["eagle3"] = "eagle3"
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux hidden state before fc
@@ -61,6 +62,12 @@ class Eagle3Section(HeadSection):
     loss: Literal["kl", "rkl", "jsd", "tv", "lk_hybrid"] = "kl"
     ttt_schedule: str = ""
     ttt_weights: list[float] | None = None
+    # Co-training (cotrain.enabled): L_next + cotrain_weight * L_eagle3 (MTP's lambda; ModelOpt's co-training
+    # adds its EAGLE loss with weight 1); cotrain_detach_features: the head's loss stops at the target's
+    # aux features (the target then trains on L_next alone); false lets it shape them, as Medusa-2's and
+    # DeepSeek-V3's draft losses reach the trunk
+    cotrain_weight: float = 0.3
+    cotrain_detach_features: bool = False
 
     def validate(self) -> Eagle3Section:
         super().validate()

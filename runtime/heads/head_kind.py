@@ -12,7 +12,8 @@ A kind is a trained head (EAGLE-3, MTP, ...). It declares:
 - `module` (`module_class()`, imported when asked): the nn.Module class, with
   `from_pretrained(folder, target=None)` (strict: names, shapes, finite values, and the target's
   identity when given) and `save_pretrained(folder)`;
-- `section`: its `head:` section of a train config, a `HeadSection` subclass holding its own keys only;
+- `section`: its `head:` section of a train config, a `HeadSection` subclass holding its own keys only
+  (a `CotrainSection` for a kind that co-trains: its own co-training weight, `head.cotrain_weight`);
 - `make_drafter(arg, target, tree, device, dtype)`: the drafter for `--draft NAME:ARG`;
 - `parse_tree(arg, spec)` (optional): `--tree SPEC` for `--draft NAME:ARG`, where a kind has trees of
   its own (Medusa's cartesian:K1,.. and sparse:N);
@@ -56,6 +57,21 @@ class HeadSection:
 
     def check_run(self, cfg) -> None:
         """Checks against the rest of the train config (`cfg`); a kind adds its own."""
+
+
+@dataclass
+class CotrainSection(HeadSection):
+    """The `head:` section of a kind whose target may train with it (`cotrain.enabled`, HeadKind.cotrain):
+    its own weight of the draft loss in the co-trained loss, L_target + cotrain_weight * L_draft (each
+    kind says which; train/cotrain.py trains the target)."""
+
+    cotrain_weight: float = 0.3
+
+    def validate(self) -> CotrainSection:
+        super().validate()
+        if not self.cotrain_weight > 0:
+            raise BadInputError("head.cotrain_weight", self.cotrain_weight, "a number > 0")
+        return self
 
 
 @dataclass

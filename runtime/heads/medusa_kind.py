@@ -26,8 +26,8 @@ from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_
 from draftsmith.runtime.heads.head_kind import (
     CONFIG_FILE,
     DEFAULT_DEPTH,
+    CotrainSection,
     HeadKind,
-    HeadSection,
     Layout,
     LayoutOptions,
     ServeArgs,
@@ -40,7 +40,7 @@ VLLM = VllmServe(layout="medusa", method="medusa")
 
 
 @dataclass
-class MedusaSection(HeadSection):
+class MedusaSection(CotrainSection):
     """`head:` of a Medusa train config: Medusa-1, the target frozen (configs/medusa-smollm2-135m.yaml), or
     Medusa-2 with `cotrain:` (configs/medusa2-lora-smollm2-135m.yaml, train/medusa2.py)."""
 
@@ -54,6 +54,12 @@ class MedusaSection(HeadSection):
     reduce_vocab: bool = False  # LM heads over the data steps' draft vocabulary (draft_vocab_size ids)
     calibration_topk: int = 10  # ranks measured per head on the validation split (the sparse tree's)
     calibration_rows: int = 64  # validation rows the final heads are calibrated on
+    # Medusa-2 (cotrain.enabled): L_LM + lambda0 * L_medusa with lambda0 = cotrain_weight (0.2 in the
+    # Medusa-2 axolotl recipes), ramped from ~0 over the warmup steps (the paper's heads warmup: fresh
+    # heads' large loss must not drag the target), linear or sine in the step (train/medusa2.py)
+    cotrain_weight: float = 0.2
+    cotrain_weight_warmup_steps: int = 0  # 0 = lambda0 from the first step
+    cotrain_weight_schedule: Literal["linear", "sine"] = "sine"
 
     def validate(self) -> MedusaSection:
         super().validate()
@@ -61,6 +67,10 @@ class MedusaSection(HeadSection):
             raise BadInputError("head.num_heads", self.num_heads, f"an integer in [1, {MAX_HEADS}]")
         if self.num_layers < 0:
             raise BadInputError("head.num_layers", self.num_layers, "an integer >= 0")
+        if self.cotrain_weight_warmup_steps < 0:
+            raise BadInputError(
+                "head.cotrain_weight_warmup_steps", self.cotrain_weight_warmup_steps, "an integer >= 0"
+            )
         if self.calibration_topk < 1 or self.calibration_rows < 0:
             raise BadInputError(
                 "head.calibration_topk/rows", [self.calibration_topk, self.calibration_rows], ">= 1 / >= 0"

@@ -24,8 +24,8 @@ from draftsmith.runtime.core.artifacts import parameter_summary
 from draftsmith.runtime.core.errors import BadInputError, read_json
 from draftsmith.runtime.heads.head_kind import (
     DEFAULT_DEPTH,
+    CotrainSection,
     HeadKind,
-    HeadSection,
     Layout,
     LayoutOptions,
     ServeArgs,
@@ -48,7 +48,7 @@ TOKENIZER_FILES = (
 
 
 @dataclass
-class MtpSection(HeadSection):
+class MtpSection(CotrainSection):
     """`head:` of an MTP train config (configs/mtp-*.yaml); the target may co-train (`cotrain:`)."""
 
     type: Literal["mtp"] = "mtp"
@@ -62,6 +62,7 @@ class MtpSection(HeadSection):
     # An MoE target's blocks with a dense MLP instead of its last layer's experts
     # (runtime/heads/mtp_block.py); refused for a target whose last layer is dense
     mtp_dense_block: bool = False
+    cotrain_weight: float = 0.3  # co-training: L_next + lambda * L_mtp, lambda = 0.3 (DeepSeek-V3, early)
 
     def validate(self) -> MtpSection:
         super().validate()

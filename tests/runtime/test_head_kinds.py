@@ -114,6 +114,36 @@ def test_another_kinds_key_is_refused_naming_it(overrides, field, says):
     assert err.value.field == field and says in str(err.value)
 
 
+def test_cotraining_weights_are_the_kinds_own_head_keys():
+    """Each co-training kind's head: section holds its own weight (a CotrainSection); no other has one."""
+    from draftsmith.runtime.heads.head_kind import CotrainSection
+
+    for kind in head_kinds.KINDS.values():
+        assert kind.cotrain == issubclass(kind.section, CotrainSection), kind.name
+    cfg = load_train_config(None, ["head.type=medusa", "head.cotrain_weight=0.5"])
+    assert cfg.head.cotrain_weight == 0.5 and not hasattr(cfg.cotrain, "medusa_weight")
+    assert load_train_config(None, ["head.type=mtp"]).head.cotrain_weight == 0.3
+
+
+def test_old_cotrain_weights_load_into_their_new_place(caplog):
+    """A config written before the move: the kind's old cotrain.KEY is read as its head.KEY with a warning;
+    another kind's (a resolved config lists them all) is dropped; the old and new keys disagreeing is an
+    error naming the old one."""
+    old = ["cotrain.eagle3_weight=0.7", "cotrain.eagle3_detach_features=true", "cotrain.mtp_weight=0.3"]
+    with caplog.at_level("WARNING", logger="draftsmith"):
+        cfg = load_train_config(None, old)
+    assert (cfg.head.cotrain_weight, cfg.head.cotrain_detach_features) == (0.7, True)
+    assert "cotrain.eagle3_weight -> head.cotrain_weight" in caplog.text
+    assert "ignored cotrain.mtp_weight (now head.cotrain_weight of head.type=mtp)" in caplog.text
+    medusa = load_train_config(None, ["head.type=medusa", "cotrain.medusa_weight_schedule=linear"]).head
+    assert medusa.cotrain_weight_schedule == "linear"
+    with pytest.raises(BadInputError) as err:
+        load_train_config(None, ["head.type=mtp", "head.cotrain_weight=0.2", "cotrain.mtp_weight=0.4"])
+    assert err.value.field == "cotrain.mtp_weight" and "head.cotrain_weight" in str(err.value)
+    shipped = ROOT / "heads" / "eagle3-smollm2-135m" / "train_config.yaml"  # written before the move
+    assert load_train_config(shipped).head.cotrain_weight == 0.3
+
+
 def test_cotraining_a_kind_that_does_not_allow_it_is_refused(monkeypatch):
     """Every shipped kind co-trains (EAGLE-3 too: train/eagle3_cotrain.py); a kind declaring
     cotrain=False is refused naming cotrain.enabled and the kinds that do."""

@@ -349,7 +349,8 @@ def test_the_memory_preflight_counts_the_cotrained_targets_activations(tiny_dir,
         (["data.mode=offline"], "cotrain.enabled: got True, expected data.mode=online"),
         (["cotrain.method=full", "target=model.Q8_0.gguf"], "target: got 'model.Q8_0.gguf'"),
         (["cotrain.self_distill=true"], "cotrain.self_distill: got True"),
-        (["cotrain.eagle3_weight=0"], "cotrain.eagle3_weight: got 0"),
+        (["head.cotrain_weight=0"], "head.cotrain_weight: got 0"),
+        (["cotrain.eagle3_weight=0"], "head.cotrain_weight: got 0"),  # the old key, read as its new place
     ],
 )
 def test_bad_cotrain_configs_exit_2_naming_the_field(tiny_dir, source, data_dir, tmp_path, capsys, bad, says):

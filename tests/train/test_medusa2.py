@@ -124,7 +124,7 @@ def test_medusa1_does_not_reach_the_target_but_medusa2_heads_loss_does():
 def test_lambda0_warmup_values():
     def weights(schedule, warmup, steps=6):
         c = SimpleNamespace(
-            medusa_weight=0.2, medusa_weight_warmup_steps=warmup, medusa_weight_schedule=schedule
+            cotrain_weight=0.2, cotrain_weight_warmup_steps=warmup, cotrain_weight_schedule=schedule
         )
         return [medusa_weight(s, c) for s in range(steps)]
 
@@ -177,14 +177,14 @@ def lora_run(tiny_dir, source, data_dir, tmp_path_factory):
     if importlib.util.find_spec("peft") is None:
         pytest.skip("LoRA needs peft")
     out = tmp_path_factory.mktemp("medusa2") / "run"
-    extra = ["cotrain.medusa_weight_warmup_steps=4", "cotrain.medusa_weight_schedule=linear"]
+    extra = ["head.cotrain_weight_warmup_steps=4", "head.cotrain_weight_schedule=linear"]
     train(config(tiny_dir, source, data_dir, out, *extra, "cotrain.target_lr_ratio=0.5"))
     return out
 
 
 def test_a_lora_run_writes_the_drift_report_and_logs_lambda0(lora_run):
     rows = read_metrics(lora_run)
-    c = SimpleNamespace(medusa_weight=0.2, medusa_weight_warmup_steps=4, medusa_weight_schedule="linear")
+    c = SimpleNamespace(cotrain_weight=0.2, cotrain_weight_warmup_steps=4, cotrain_weight_schedule="linear")
     assert [r["medusa_weight"] for r in rows] == pytest.approx(
         [medusa_weight(r["step"] - 1, c) for r in rows]
     )
@@ -225,7 +225,7 @@ def test_resume_is_exact(tiny_dir, source, data_dir, tmp_path):
     learning-rate groups, lambda0's warmup and the self-distillation teacher all come back."""
     extra = [
         "cotrain.self_distill=true",
-        "cotrain.medusa_weight_warmup_steps=8",  # lambda0 still ramping at the stop
+        "head.cotrain_weight_warmup_steps=8",  # lambda0 still ramping at the stop
         "cotrain.target_lr_ratio=0.5",
         "checkpoint.every=1",
         "eval.every=0",
@@ -256,9 +256,10 @@ def test_resume_is_exact(tiny_dir, source, data_dir, tmp_path):
 @pytest.mark.parametrize(
     "bad,says",
     [
-        (["cotrain.medusa_weight=0"], "cotrain.medusa_weight"),
-        (["cotrain.medusa_weight_warmup_steps=-1"], "cotrain.medusa_weight_warmup_steps"),
-        (["cotrain.medusa_weight_schedule=cosine"], "cotrain.medusa_weight_schedule"),
+        (["head.cotrain_weight=0"], "head.cotrain_weight"),
+        (["head.cotrain_weight_warmup_steps=-1"], "head.cotrain_weight_warmup_steps"),
+        (["head.cotrain_weight_schedule=cosine"], "head.cotrain_weight_schedule"),
+        (["cotrain.medusa_weight=0"], "head.cotrain_weight"),  # the old key, read as its new place
         (["cotrain.target_lr_ratio=0"], "cotrain.target_lr_ratio"),
         (["data.mode=offline"], "data.mode=online"),
     ],
