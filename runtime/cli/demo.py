@@ -255,6 +255,31 @@ def demo_main(
 def _demo(config_path: str | None, overrides: list[str], quick: bool, train: bool) -> dict:
     from draftsmith.runtime.bench.prompt_sets import load_prompt_set
 
+    cfg = demo_config(config_path, overrides, quick, train)
+    out = Path(cfg.out_dir)
+    load_prompt_set(cfg.prompt_set, cfg.num_prompts)  # bad input fails before training
+    head, last_eval, target = use_head(cfg) if cfg.head else train_head(cfg, quick)
+    tau = f"{last_eval['simulated_tau']:.2f}" if last_eval else "not recorded"
+    log.info("demo 2/4: head %s (simulated tau on validation %s)", head, tau)
+    flags = (" --quick" if quick else "") + (" --train" if train else "")
+    command = "draftsmith demo" + flags + "".join(f" {o}" for o in overrides)
+    blocks = bench_blocks(cfg, head, target, command)
+    sentences = reading(blocks)
+    result = demo_result(cfg, command, head, last_eval, blocks, sentences)
+    result["machine"] = machine_facts(target)
+    save_config(cfg, out / "config.yaml")
+    atomic_write_text(out / "results.json", json.dumps(result, indent=2))
+    atomic_write_text(out / "summary.md", summary_markdown(command, blocks, sentences))
+    log.info("wrote %s, %s and %s", out / "results.json", out / "summary.md", out / "config.yaml")
+    result["exports"] = export_head(cfg, head, out / "bench" / "results.json", out)
+    print_reading(blocks, sentences, out / "summary.md")
+    check_greedy(blocks)
+    return result
+
+
+def demo_config(config_path: str | None, overrides: list[str], quick: bool, train: bool) -> DemoConfig:
+    """The YAML with its overrides; --quick and --train train a head (--quick: 4 prompts x 32 tokens, once,
+    into OUT-quick); checked."""
     cfg = load_config(DemoConfig, config_path or default_config_path(), overrides)
     if quick or train:  # --quick checks the training pipeline too: its 40-step head
         cfg.head = ""
@@ -266,13 +291,13 @@ def _demo(config_path: str | None, overrides: list[str], quick: bool, train: boo
         )
         cfg.out_dir = str(Path(cfg.out_dir).with_name(Path(cfg.out_dir).name + "-quick"))
     cfg.validate()
+    return cfg
+
+
+def bench_blocks(cfg: DemoConfig, head: Path, target, command: str) -> list[Block]:
+    """Step 3: the rows of the target (and of its quantized copy, where verification is cheap), each with
+    its verify-cost curve."""
     out = Path(cfg.out_dir)
-    load_prompt_set(cfg.prompt_set, cfg.num_prompts)  # bad input fails before training
-    head, last_eval, target = use_head(cfg) if cfg.head else train_head(cfg, quick)
-    tau = f"{last_eval['simulated_tau']:.2f}" if last_eval else "not recorded"
-    log.info("demo 2/4: head %s (simulated tau on validation %s)", head, tau)
-    flags = (" --quick" if quick else "") + (" --train" if train else "")
-    command = "draftsmith demo" + flags + "".join(f" {o}" for o in overrides)
     rows = bench_head(cfg, head, target, out / "bench", command)["rows"]  # prints its table as it goes
     blocks = [Block(weights_label(target), rows, verify_curve(target, [r["method"] for r in rows]))]
     quantized = bench_quantized(cfg, head, target, out / f"bench-{cfg.quantized}", command)
@@ -280,40 +305,49 @@ def _demo(config_path: str | None, overrides: list[str], quick: bool, train: boo
         qrows, qtarget = quantized
         blocks.append(Block(qtarget.quantization, qrows, verify_curve(qtarget, [r["method"] for r in qrows])))
         del qtarget  # its weights: the export needs none
-    sentences = reading(blocks)
-    result = {
+    return blocks
+
+
+def demo_result(cfg: DemoConfig, command: str, head: Path, last_eval, blocks: list[Block], sentences) -> dict:
+    """OUT/results.json: the command, config, head, each block's rows and verify costs, the reading."""
+    out = Path(cfg.out_dir)
+    quantized = None
+    if len(blocks) > 1:
+        quantized = {
+            "weights": blocks[1].label,
+            "bench": str(out / f"bench-{cfg.quantized}"),
+            "rows": blocks[1].rows,
+        }
+    return {
         "command": command,
         "config": asdict(cfg),
         "head": str(head),
         "head_trained_here": not cfg.head,
         "head_validation": last_eval,
         "bench": str(out / "bench"),
-        "rows": rows,
-        "quantized": None
-        if quantized is None
-        else {
-            "weights": blocks[1].label,
-            "bench": str(out / f"bench-{cfg.quantized}"),
-            "rows": blocks[1].rows,
-        },
+        "rows": blocks[0].rows,
+        "quantized": quantized,
         "verify_cost_ms": {b.label: b.verify_ms for b in blocks},  # one forward over n = 1, 2, ... tokens
         "reading": sentences,
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "torch_threads": torch.get_num_threads(),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "target": target.name,
-            "device": str(target.device),
-            "dtype": str(target.dtype),
-        },
     }
-    save_config(cfg, out / "config.yaml")
-    atomic_write_text(out / "results.json", json.dumps(result, indent=2))
-    atomic_write_text(out / "summary.md", summary_markdown(command, blocks, sentences))
-    log.info("wrote %s, %s and %s", out / "results.json", out / "summary.md", out / "config.yaml")
-    result["exports"] = export_head(cfg, head, out / "bench" / "results.json", out)
-    print_reading(blocks, sentences, out / "summary.md")
+
+
+def machine_facts(target) -> dict:
+    """results.json's `machine`: where the rows ran."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "target": target.name,
+        "device": str(target.device),
+        "dtype": str(target.dtype),
+    }
+
+
+def check_greedy(blocks: list[Block]) -> None:
+    """The demo fails (after writing everything) if a row's greedy tokens differ from plain decoding's
+    other than at near ties."""
     broken = [
         f"{b.label} {r['method']}"
         for b in blocks
@@ -322,40 +356,50 @@ def _demo(config_path: str | None, overrides: list[str], quick: bool, train: boo
     ]
     if broken:
         raise DraftsmithError(f"greedy tokens differ from plain decoding for {broken}: see results.json")
-    return result
 
 
-def bench_head(cfg: DemoConfig, head: Path, target, folder: Path, command: str) -> dict:
-    """Step 3: `draftsmith bench` at batch 1: plain + the configured baselines and DRAFT@TREE methods."""
-    from draftsmith.runtime.bench.run import BenchRequest, run_bench
+def bench_request(
+    cfg: DemoConfig, folder: Path, command: str, drafts: list[str], baselines: list[str], **more
+):
+    """The BenchRequest of one demo block at batch 1 on the demo's prompts and target."""
+    from draftsmith.runtime.bench.run import BenchRequest
 
-    methods = [m.replace("{head}", str(head)) for m in cfg.methods]
-    log.info("demo 3/4: bench on %d held-out %s prompts, %d new tokens", cfg.num_prompts, cfg.prompt_set,
-             cfg.max_new_tokens)  # fmt: skip
-    request = BenchRequest(
+    return BenchRequest(
         target=cfg.target,
-        drafts=[m for m in methods if not is_baseline(m)],
+        drafts=drafts,
         prompts=cfg.prompt_set,
         num_prompts=cfg.num_prompts,
         max_new_tokens=cfg.max_new_tokens,
         temperatures=[cfg.temperature],
         batch_sizes=[1],
-        baselines=["plain", *[m for m in methods if is_baseline(m) and m != "plain"]],
+        baselines=baselines,
         repeats=cfg.repeats,
         out=str(folder),
         device=cfg.device,
         dtype=cfg.dtype,
         cpu_linears=cfg.cpu_linears,
         command=command,
+        **more,
     )
-    return run_bench(request, target=target)
+
+
+def bench_head(cfg: DemoConfig, head: Path, target, folder: Path, command: str) -> dict:
+    """Step 3: `draftsmith bench` at batch 1: plain + the configured baselines and DRAFT@TREE methods."""
+    from draftsmith.runtime.bench.run import run_bench
+
+    methods = [m.replace("{head}", str(head)) for m in cfg.methods]
+    log.info("demo 3/4: bench on %d held-out %s prompts, %d new tokens", cfg.num_prompts, cfg.prompt_set,
+             cfg.max_new_tokens)  # fmt: skip
+    drafts = [m for m in methods if not is_baseline(m)]
+    baselines = ["plain", *[m for m in methods if is_baseline(m) and m != "plain"]]
+    return run_bench(bench_request(cfg, folder, command, drafts, baselines), target=target)
 
 
 def bench_quantized(cfg: DemoConfig, head: Path, target, folder: Path, command: str):
     """Step 3, where verification is cheap: the target loaded again and quantized to `quantized`, its plain
     decoding against `quantized_methods` on the same prompts, interleaved -> (rows, the quantized target);
     None when `quantized` is none or the device has no kernel for it (a GPU: int4/int8 are CPU kernels)."""
-    from draftsmith.runtime.bench.run import BenchRequest, run_bench
+    from draftsmith.runtime.bench.run import run_bench
     from draftsmith.runtime.core.target import Target
 
     spec = parse_quantize(cfg.quantized, None, "quantized")
@@ -370,24 +414,8 @@ def bench_quantized(cfg: DemoConfig, head: Path, target, folder: Path, command: 
     log.info("demo 3/4: the same prompts on the target quantized to %s: plain vs %s (the target loads again)",
              cfg.quantized, ", ".join(methods))  # fmt: skip
     qtarget = Target.load(cfg.target, device=cfg.device, dtype=cfg.dtype)
-    request = BenchRequest(
-        target=cfg.target,
-        drafts=methods,
-        prompts=cfg.prompt_set,
-        num_prompts=cfg.num_prompts,
-        max_new_tokens=cfg.max_new_tokens,
-        temperatures=[cfg.temperature],
-        batch_sizes=[1],
-        baselines=["plain"],
-        repeats=cfg.repeats,
-        out=str(folder),
-        plots=False,
-        roofline=False,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        cpu_linears=cfg.cpu_linears,
-        quantize=cfg.quantized,
-        command=command,
+    request = bench_request(
+        cfg, folder, command, methods, ["plain"], plots=False, roofline=False, quantize=cfg.quantized
     )
     print(f"\nThe target quantized to {cfg.quantized} (weight-only): speedups over its own plain decoding")
     with renamed_fields(QUANTIZED_FIELDS):

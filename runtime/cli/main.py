@@ -232,30 +232,33 @@ def result_row(target, prompt: str, res) -> dict:
     }
 
 
+DEMO_DESCRIPTION = (
+    "Decode held-out prompts with plain decoding, transformers generate(), prompt lookup and an\n"
+    "EAGLE-3 head (chain and dynamic tree) side by side (warmed up, interleaved), check greedy\n"
+    "tokens against plain decoding and print tokens/s, speedup, tau and acceptance per position;\n"
+    "then export the head (export_formats: the SGLang and speculators layouts) with model cards\n"
+    "quoting those rows.\n"
+    "The head: the one shipped in heads/eagle3-smollm2-135m (trained by the shipped recipe; its\n"
+    "README names the command, commit and machine), `head=DIR` for another, or with --train a new\n"
+    "one: data + `draftsmith train` with configs/eagle3-smollm2-135m.yaml first (a finished run is\n"
+    "reused, an interrupted one resumes; the expected time is printed before it starts).\n"
+    "Writes OUT/results.json, OUT/config.yaml and OUT/export-FORMAT/ (OUT = out_dir, default\n"
+    "runs/demo).\n\n"
+    "examples:\n"
+    "  draftsmith demo                     # the shipped head: bench + export in minutes\n"
+    "  draftsmith demo --train             # train the recipe's head first (~1 h on 2 cores)\n"
+    "  draftsmith demo --quick             # a 40-step head, 4 prompts: the whole pipeline, minutes\n"
+    "  draftsmith demo prompt_set=humaneval num_prompts=20\n"
+    "  draftsmith demo --train 'train_overrides=[train.max_steps=200]'"
+)
+
+
 def add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
         help="the main job on embedded defaults: the shipped EAGLE-3 head -> bench -> export",
         formatter_class=Formatter,
-        description=(
-            "Decode held-out prompts with plain decoding, transformers generate(), prompt lookup and an\n"
-            "EAGLE-3 head (chain and dynamic tree) side by side (warmed up, interleaved), check greedy\n"
-            "tokens against plain decoding and print tokens/s, speedup, tau and acceptance per position;\n"
-            "then export the head (export_formats: the SGLang and speculators layouts) with model cards\n"
-            "quoting those rows.\n"
-            "The head: the one shipped in heads/eagle3-smollm2-135m (trained by the shipped recipe; its\n"
-            "README names the command, commit and machine), `head=DIR` for another, or with --train a new\n"
-            "one: data + `draftsmith train` with configs/eagle3-smollm2-135m.yaml first (a finished run is\n"
-            "reused, an interrupted one resumes; the expected time is printed before it starts).\n"
-            "Writes OUT/results.json, OUT/config.yaml and OUT/export-FORMAT/ (OUT = out_dir, default\n"
-            "runs/demo).\n\n"
-            "examples:\n"
-            "  draftsmith demo                     # the shipped head: bench + export in minutes\n"
-            "  draftsmith demo --train             # train the recipe's head first (~1 h on 2 cores)\n"
-            "  draftsmith demo --quick             # a 40-step head, 4 prompts: the whole pipeline, minutes\n"
-            "  draftsmith demo prompt_set=humaneval num_prompts=20\n"
-            "  draftsmith demo --train 'train_overrides=[train.max_steps=200]'"
-        ),
+        description=DEMO_DESCRIPTION,
     )
     p.add_argument("--config", help="YAML demo config (default: the packaged demo-smollm2-135m.yaml)")
     p.add_argument("--quick", action="store_true", help="a 40-step head and 4 prompts x 32 tokens")
@@ -275,31 +278,34 @@ def run_demo(args: argparse.Namespace) -> None:
     demo_main(args.config, args.overrides, quick=args.quick, train=args.train)
 
 
+TRAIN_DESCRIPTION = (
+    "Train an EAGLE-3 head or MTP modules (head.type) for a target, MTP with the target frozen or\n"
+    "co-trained (cotrain.enabled, LoRA or full). The config names the target, the data recipe, the\n"
+    "head and the loop; the data steps it needs (prepare, vocab, capture in offline mode) run first\n"
+    "or are reused from ~/.cache/draftsmith/data. A run writes OUT/metrics.jsonl, OUT/config.yaml,\n"
+    "OUT/checkpoints/step-N/ (atomic, rotated; a rerun resumes from the newest), OUT/final/ (the\n"
+    "head: --draft eagle3:OUT/final or mtp:OUT/final; a co-trained target in OUT/final/target) and\n"
+    "OUT/training_curve.png (OUT = output_dir).\n"
+    "Several processes (configs: ddp-cpu, ddp-gpu, fsdp-gpu, deepspeed-zero2, deepspeed-zero3):\n"
+    "  accelerate launch --config_file configs/accelerate/X.yaml -m draftsmith.train --config ...\n\n"
+    "examples:\n"
+    "  draftsmith train --config configs/eagle3-smollm2-135m.yaml\n"
+    "  draftsmith train --config configs/mtp-cotrain-lora-smollm2-135m.yaml\n"
+    "  draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 \\\n"
+    "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb\n"
+    "  draftsmith train --preflight --config configs/eagle3-smollm2-135m.yaml \\\n"
+    "      target=meta-llama/Llama-3.3-70B-Instruct data.max_length=4096 --world-size 8\n\n"
+    "A run first estimates its memory per rank from the target's config.json (train/preflight.py),\n"
+    "prints it and refuses (exit 2) what exceeds the device: train.preflight=warn tries anyway."
+)
+
+
 def add_train(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a draft head from a YAML config (data steps included, resumable)",
         formatter_class=Formatter,
-        description=(
-            "Train an EAGLE-3 head or MTP modules (head.type) for a target, MTP with the target frozen or\n"
-            "co-trained (cotrain.enabled, LoRA or full). The config names the target, the data recipe, the\n"
-            "head and the loop; the data steps it needs (prepare, vocab, capture in offline mode) run first\n"
-            "or are reused from ~/.cache/draftsmith/data. A run writes OUT/metrics.jsonl, OUT/config.yaml,\n"
-            "OUT/checkpoints/step-N/ (atomic, rotated; a rerun resumes from the newest), OUT/final/ (the\n"
-            "head: --draft eagle3:OUT/final or mtp:OUT/final; a co-trained target in OUT/final/target) and\n"
-            "OUT/training_curve.png (OUT = output_dir).\n"
-            "Several processes (configs: ddp-cpu, ddp-gpu, fsdp-gpu, deepspeed-zero2, deepspeed-zero3):\n"
-            "  accelerate launch --config_file configs/accelerate/X.yaml -m draftsmith.train --config ...\n\n"
-            "examples:\n"
-            "  draftsmith train --config configs/eagle3-smollm2-135m.yaml\n"
-            "  draftsmith train --config configs/mtp-cotrain-lora-smollm2-135m.yaml\n"
-            "  draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 \\\n"
-            "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb\n"
-            "  draftsmith train --preflight --config configs/eagle3-smollm2-135m.yaml \\\n"
-            "      target=meta-llama/Llama-3.3-70B-Instruct data.max_length=4096 --world-size 8\n\n"
-            "A run first estimates its memory per rank from the target's config.json (train/preflight.py),\n"
-            "prints it and refuses (exit 2) what exceeds the device: train.preflight=warn tries anyway."
-        ),
+        description=TRAIN_DESCRIPTION,
     )
     p.add_argument("--config", help="YAML train config, e.g. configs/eagle3-smollm2-135m.yaml")
     p.add_argument(

@@ -26,6 +26,7 @@ DEFAULT_FANOUT, DEFAULT_SAGUARO = SpecConfig.ssd_fanout, SpecConfig.ssd_saguaro
 
 
 def add_ssd_args(p: argparse.ArgumentParser) -> None:
+    """--ssd and its options, then the drafter process's flags."""
     p.add_argument(
         "--ssd",
         action="store_true",
@@ -51,6 +52,13 @@ def add_ssd_args(p: argparse.ArgumentParser) -> None:
         help="with --ssd: write one JSON line per verified cycle (the replay simulator's input), after the "
         "rows are printed",
     )
+    ssd = ("--ssd-fanout", "--ssd-saguaro", "--ssd-trace")
+    declare_needs(p, *(flag_needs(flag, "--ssd", lambda a: a.ssd) for flag in ssd))
+    add_draft_process_args(p)
+
+
+def add_draft_process_args(p: argparse.ArgumentParser) -> None:
+    """--draft-process and its options (runtime/drafters/draft_process.py)."""
     p.add_argument(
         "--draft-process",
         action="store_true",
@@ -67,12 +75,8 @@ def add_ssd_args(p: argparse.ArgumentParser) -> None:
         help="with --draft-process: if the drafter process dies, continue with the drafter in process (else: "
         "an error)",
     )
-    ssd, process = (lambda a: a.ssd), (lambda a: a.draft_process)
-    declare_needs(
-        p,
-        *(flag_needs(flag, "--ssd", ssd) for flag in ("--ssd-fanout", "--ssd-saguaro", "--ssd-trace")),
-        *(flag_needs(flag, "--draft-process", process) for flag in ("--draft-device", "--draft-fallback")),
-    )
+    process = ("--draft-device", "--draft-fallback")
+    declare_needs(p, *(flag_needs(flag, "--draft-process", lambda a: a.draft_process) for flag in process))
 
 
 def ssd_fields(args) -> dict:
