@@ -62,9 +62,7 @@ class SpecConfig:
     quantize_draft: str = "none"  # weight-only quantization of the drafter's own linears: int8, int4, fp8
     draft_group_size: int | None = None  # int4 inputs per scale (None: picked per model)
     weightless_ok: bool = False  # bench: a drafter without weights of its own runs unquantized, not refused
-    rows_plan: frozenset[int] = (
-        frozenset()
-    )  # the target's CPU-linears plan (prepare_target): the drafter's too
+    rows_plan: frozenset[int] = frozenset()  # the target's CPU-linears plan (prepare_target), for the drafter
 
     @property
     def auto_depth(self) -> int | None:
