@@ -22,7 +22,9 @@ runtime/heads/head_kinds.py registers the kinds), `trainer` (the loop, numerics 
 (metrics.jsonl, trackers, the PNG curve), `preflight`, `preflight_bytes`, `preflight_shapes`,
 `preflight_families` (MoE and MLA targets), `preflight_report` (the memory estimate before anything
 loads), `preflight_capture` (an offline run's missing capture, counted and planned) and `preflight_plan`
-(`train --preflight`: the table, what would fit, the smallest setup), `process_group`, `loader`, `hub`
+(`train --preflight`: the table, what would fit, the smallest setup), the kinds' own memory terms
+(`eagle3_memory`, `mtp_memory`, `medusa_memory`, `dflash_memory`, with `target_memory`: the target inside
+a step), `process_group`, `loader`, `hub`
 (Hub push), `export` (`draftsmith export`: a head in one of its kind's layouts, read back and compared)
 and `model_card`.
 `__main__` is what `accelerate launch -m draftsmith.train` runs (the CLI's train verb). Nothing here

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftsmith.runtime.heads.dflash import DFlashConfig, DFlashHead
+from draftsmith.train.dflash_memory import dflash_terms
 from draftsmith.train.eagle3_objective import TTTBatch, TTTOutput, target_distributions
 
 
@@ -177,7 +178,7 @@ class DFlashKind:
     accuracy slots: one per block position), `batch(rows, device)`, `save_final(state, folder)`."""
 
     kind, label, steps_label, ttt = "dflash", "DFlash", "block of {} + 1", False  # train/objectives.py
-    memory = "blocks"  # the memory preflight's terms (train/preflight.py dflash_terms)
+    memory_terms = staticmethod(dflash_terms)  # the memory preflight's terms: batch, block queries
 
     @staticmethod
     def steps(cfg) -> int:

@@ -11,7 +11,9 @@ modules (`mtp_objective`), the target frozen or co-trained (`cotrain`). The targ
 MTP, its LM head) are used by the objectives but belong to the model only when the target co-trains, so
 DDP and DeepSpeed never see frozen weights. Each class also states what the memory preflight reads
 (train/preflight.py): `label`, `steps_label`, `ttt` (the training-time-test unroll: its attention,
-checkpointing and aux-layer knobs apply), `steps(cfg)` and `new_head(...)` (the head it trains).
+checkpointing and aux-layer knobs apply), `steps(cfg)`, `new_head(...)` (the head it trains) and
+`memory_terms(shapes, knobs, setup)` (its bytes per rank beyond the resident ones: train/eagle3_memory.py,
+train/mtp_memory.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from torch import nn
 from draftsmith.runtime.core.errors import DraftsmithError
 from draftsmith.train.eagle3_data import offline_batch, online_batch, pad_rows
 from draftsmith.train.eagle3_levers import Levers, pad_steps
+from draftsmith.train.eagle3_memory import eagle3_terms
 from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss
+from draftsmith.train.mtp_memory import mtp_terms
 
 
 def load_partial(module: nn.Module, state: dict, prefix: str) -> nn.Module:
@@ -96,7 +100,7 @@ def make_batch(target, rows, aux_layers, device) -> dict:
 
 class Eagle3Kind:
     kind, label, steps_label, ttt = "eagle3", "EAGLE-3", "K={}", True
-    memory = "ttt"  # the memory preflight's terms (train/preflight.py MEMORY_TERMS): the unroll's
+    memory_terms = staticmethod(eagle3_terms)  # the memory preflight's terms: batch building, the unroll
 
     @staticmethod
     def steps(cfg) -> int:
@@ -206,7 +210,7 @@ def mtp_batch(rows: list[dict], device, dtype) -> dict:
 
 class MtpKind:
     kind, label, steps_label, ttt = "mtp", "MTP", "M={} modules", False
-    memory = "modules"  # the memory preflight's terms: the modules' blocks and attention
+    memory_terms = staticmethod(mtp_terms)  # the memory preflight's terms: the modules' blocks, attention
 
     @staticmethod
     def steps(cfg) -> int:

@@ -30,6 +30,7 @@ from draftsmith.runtime.heads.medusa_kind import (
     MedusaSection,
 )  # the `head:` section (the runtime declares it)
 from draftsmith.train.eagle3_objective import TTTOutput
+from draftsmith.train.medusa_memory import medusa_terms
 from draftsmith.train.mtp_objective import shift, teacher_positions
 
 
@@ -156,7 +157,7 @@ class MedusaKind:
     (what the drift report compares with), `begin_step(step)` (lambda0) and `log_fields()`."""
 
     kind, label, steps_label, ttt = "medusa", "Medusa", "K={} heads", False  # train/objectives.py's keys
-    memory = "heads"  # the memory preflight's terms (train/preflight.py medusa_terms): no attention
+    memory_terms = staticmethod(medusa_terms)  # the memory preflight's terms: no attention
 
     @staticmethod
     def steps(cfg) -> int:

@@ -5,9 +5,9 @@ their objectives are registered here so the runtime never imports the trainer).
 
 An objective class states its kind's name (`kind`), builds `model` (forward(**batch(rows, device)) ->
 (loss, correct [D], counted [D])), `batch`, `save_final`, and what the memory preflight reads (`label`,
-`steps_label`, `ttt`, `memory` (whose terms: train/preflight.py MEMORY_TERMS), `steps(cfg)`,
-`new_head(...)`). Adding a kind: its objective in its own file, one
-entry in OBJECTIVES.
+`steps_label`, `ttt`, `memory_terms(shapes, knobs, setup)` (its bytes per rank beyond the resident ones,
+which train/preflight.py adds; written in the kind's `*_memory.py`), `steps(cfg)`, `new_head(...)`).
+Adding a kind: its objective in its own file (and its memory terms), one entry in OBJECTIVES.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from draftsmith.runtime.heads.peagle import PEagleConfig, PEagleHead
+from draftsmith.train.eagle3_memory import eagle3_terms
 from draftsmith.train.eagle3_objective import (
     TTTBatch,
     TTTCache,
@@ -194,7 +195,7 @@ class PEagleKind:
     """train/objectives.py's entry for `peagle`: the trainer's and the memory preflight's view."""
 
     kind, label, steps_label, ttt = "peagle", "P-EAGLE", "K={} block", True
-    memory = "ttt"  # the preflight's terms: K calls of the head over B x T, as EAGLE-3's unroll
+    memory_terms = staticmethod(eagle3_terms)  # the preflight's terms: K head calls over B x T, as EAGLE-3's
 
     @staticmethod
     def steps(cfg) -> int:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from draftsmith.train.preflight_shapes import TargetShapes
+if TYPE_CHECKING:  # annotations only: the kinds' memory terms import this module, and shapes the kinds
+    from draftsmith.train.preflight_shapes import TargetShapes
 
 
 @dataclass

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
-from draftsmith.train.preflight import Estimate, Knobs, Setup, count, target_forward_bytes
+from draftsmith.train.preflight import Estimate, Knobs, Setup, count
 from draftsmith.train.preflight_bytes import Term, gpu_overheads
 from draftsmith.train.preflight_report import (
     NODE,
@@ -51,6 +51,7 @@ from draftsmith.train.preflight_report import (
     tp_sizes,
 )
 from draftsmith.train.preflight_shapes import HUB_ID, TargetShapes
+from draftsmith.train.target_memory import target_forward_bytes
 
 log = logging.getLogger("draftsmith")
 VLLM_SHARE = 0.9  # vLLM's gpu_memory_utilization default (runtime/workers/vllm_data_worker.py leaves it)

@@ -24,6 +24,7 @@ from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.preflight import Knobs, Setup, estimate, trainable_terms
+from draftsmith.train.preflight_bytes import Term
 from draftsmith.train.preflight_plan import preflight_report
 from draftsmith.train.preflight_shapes import TargetShapes, head_parameters, shipped_targets
 
@@ -158,7 +159,7 @@ def test_the_estimate_is_within_20_percent_of_a_measured_cpu_run(
 
 
 def test_medusa_has_its_own_terms(capsys):
-    """Medusa's objective declares its terms (`memory = "heads"`): no attention and no MTP modules, its
+    """Medusa's objective declares its terms (train/medusa_memory.py): no attention and no MTP modules, its
     loss over the draft vocabulary (head.reduce_vocab), the shared LM head's draft rows counted once."""
     config = Path(__file__).parents[2] / "configs" / "medusa-smollm2-135m.yaml"
     assert main(["train", "--preflight", "--config", str(config), "--world-size", "1"]) == 0
@@ -175,6 +176,23 @@ def test_medusa_has_its_own_terms(capsys):
     tokens, vd = cfg.train.batch_size * cfg.data.max_length, cfg.head.draft_vocab_size
     assert terms["draft rows of the LM head"].bytes == vd * shapes.hidden * 2  # one bf16 copy, not K
     assert terms["loss tensors"].bytes == tokens * cfg.head.num_heads * (8 * vd + 8)  # over Vd, not V
+
+
+def test_the_estimate_adds_the_terms_the_kind_declares(monkeypatch):
+    """Beyond the resident terms, the estimate is what the kind's objective declares (`memory_terms`):
+    another declaration changes it, and no kind's terms are listed in the preflight itself."""
+    from draftsmith.train.objectives import OBJECTIVES
+
+    assert all(callable(kind.memory_terms) for kind in OBJECTIVES.values())
+    cfg = load_train_config(None, ["head.type=mtp"])
+    shapes = TargetShapes.load(cfg.target, torch.bfloat16)
+    knobs, setup = Knobs.from_config(cfg, shapes), Setup("single", 1, "cpu", "bf16")
+    before = {t.name for t in estimate(shapes, knobs, setup).terms if t.phase != "resident"}
+    assert "module activations (B x T x M)" in before
+    own = Term("a new kind's state", 123.0, "declared", "step")
+    monkeypatch.setattr(OBJECTIVES["mtp"], "memory_terms", staticmethod(lambda s, k, setup: [own]))
+    after = [t for t in estimate(shapes, knobs, setup).terms if t.phase != "resident"]
+    assert after == [own]
 
 
 def test_the_meta_device_count_is_the_real_one(tiny_dir, tiny_target, tmp_path):
