@@ -17,7 +17,8 @@ and offline batches), `mtp_objective` (MTP modules: distillation or data labels,
 `cotrain` (LoRA / full co-training of the target, the drift report), `eagle3_cotrain` (EAGLE-3 against
 a co-trained target: L_next + w * L_eagle3 on the target's own features), `heads` (the EAGLE-3 and MTP
 objectives: what the loop needs per head kind), `objectives` (the registry of objectives by head kind;
-runtime/heads/head_kinds.py registers the kinds), `trainer` (the loop, numerics guard), `accelerator_setup`
+runtime/heads/head_kinds.py registers the kinds), `trainer` (the loop, numerics guard), `trainer_setup`
+(what a run is built from: accelerator, preflight, head inputs, sample order, optimizer), `accelerator_setup`
 (process group, precision, DeepSpeed), `checkpoints` (atomic, rotated, exact resume), `metrics`
 (metrics.jsonl, trackers, the PNG curve), `preflight`, `preflight_bytes`, `preflight_shapes`,
 `preflight_families` (MoE and MLA targets), `preflight_report` (the memory estimate before anything

@@ -18,7 +18,6 @@ The end: `output_dir/final/` (a head `--draft eagle3:DIR` / `mtp:DIR` loads; a c
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from dataclasses import asdict
@@ -28,7 +27,7 @@ import torch
 
 from draftsmith.runtime.core.config import save_config
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, renamed_fields
-from draftsmith.train.accelerator_setup import build_accelerator, fill_deepspeed_config, no_zero3_init
+from draftsmith.train.accelerator_setup import no_zero3_init
 from draftsmith.train.checkpoints import (
     cfg_fingerprint,
     check_resume,
@@ -36,32 +35,25 @@ from draftsmith.train.checkpoints import (
     read_state,
     save_checkpoint,
 )
-from draftsmith.train.data_steps import SampleOrder, TrainRows, ensure_data
+from draftsmith.train.data_steps import TrainRows, ensure_data
 from draftsmith.train.eagle3_objective import simulated_tau
 from draftsmith.train.loader import micro_batches
 from draftsmith.train.metrics import MetricsWriter, plot_curves, tracker_kwargs, tracker_setup
 from draftsmith.train.objectives import objective
+from draftsmith.train.trainer_setup import (  # noqa: F401 (lr_lambda: re-exported for the tests)
+    check_memory,
+    head_inputs,
+    lr_lambda,
+    prepare_training,
+    sample_order,
+    start_accelerator,
+)
 
 log = logging.getLogger("draftsmith")
-PRECISION_NAMES = {"no": "fp32", "bf16": "bf16 mixed precision", "fp16": "fp16 mixed precision"}
 
 
 class NonFiniteError(DraftsmithError):
     """A non-finite loss or gradient: the run stops and nothing is saved (exit code 1)."""
-
-
-def lr_lambda(warmup: int, total: int, min_ratio: float):
-    """Linear warmup to 1, then cosine from 1 to min_ratio at `total` (a multiplier of the base LR).
-    A warmup longer than a tenth of the run is cut to a tenth (a smoke run only shrinks max_steps)."""
-    warmup = min(warmup, total // 10)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def all_finite(accelerator, value: torch.Tensor) -> bool:
@@ -115,83 +107,35 @@ def target_layout(cfg, acc):
 
 class Trainer:
     def __init__(self, cfg):
-        from draftsmith.runtime.heads.aux_layers import resolve_aux_layers
-
-        self.cfg = cfg
-        self.out = Path(cfg.output_dir)
+        self.cfg, self.out = cfg, Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         log_with = tracker_setup(cfg.log.tracker, self.out)
-        self.acc, self.precision = build_accelerator(cfg, log_with)
-        acc = self.acc
-        log.info(
-            "training precision: %s (%s, %d process(es))",
-            PRECISION_NAMES[self.precision],
-            acc.distributed_type.value,
-            acc.num_processes,
-        )
-        cfg.train.mixed_precision = self.precision  # config.yaml records what the run trained in
-        from accelerate.utils import set_seed
-
-        if not acc.is_main_process:  # one process tells the story
-            logging.getLogger("draftsmith").setLevel(logging.WARNING)
-
-        set_seed(cfg.train.seed)
-        if cfg.cotrain.enabled:
-            from draftsmith.train.cotrain import check_strategy
-
-            check_strategy(acc)
-        self.layout = target_layout(cfg, acc)  # tp: ranks of a group share rows; the head is DP over groups
-        if cfg.train.preflight != "off":  # bytes per rank from the target's config, before anything loads
-            from draftsmith.train.preflight_report import check_before_load
-
-            with no_zero3_init(acc):  # its meta-device models must not go through ZeRO-3's zero.Init
-                check_before_load(cfg, acc)
+        self.acc, self.precision = start_accelerator(cfg, log_with)  # train/trainer_setup.py
+        self.layout = target_layout(
+            cfg, self.acc
+        )  # tp: ranks of a group share rows; the head is DP over them
+        check_memory(cfg, self.acc)  # bytes per rank from the target's config, before anything loads
         # replicate: every rank holds the whole frozen target (offline: all its parts); tp: its shard
-        self.target = load_target(cfg, acc)
+        self.target = load_target(cfg, self.acc)
         self.target.model.requires_grad_(False)
-        try:  # the data steps name their CLI flags; here the config keys are what the user wrote
-            self.aux = resolve_aux_layers(cfg.head.aux_layers, self.target.num_layers)
-        except BadInputError as err:
-            raise BadInputError("head.aux_layers", err.got, err.expected) from None
-        if not 0 < cfg.head.draft_vocab_size <= self.target.vocab_size:
-            raise BadInputError(
-                "head.draft_vocab_size",
-                cfg.head.draft_vocab_size,
-                f"an integer in [1, {self.target.vocab_size}] (the target's vocabulary)",
-            )
+        self.aux = head_inputs(cfg, self.target)
         self.paths = self.data_steps()  # rank 0 first; offline capture in one part per rank (data_steps)
         self.train_rows = TrainRows(self.paths, "train", dtype=self.target.dtype)
         self.val_rows = TrainRows(self.paths, "validation", dtype=self.target.dtype)
-        t = cfg.train
-        self.order = SampleOrder(
-            len(self.train_rows),
-            t.seed,
-            t.batch_size,
-            t.grad_accum,
-            self.layout.dp,  # the ranks of a TP group read the same rows (their target runs together)
-            self.layout.dp_rank,
-            lengths=self.train_rows.lengths,
-            bucket_batches=t.bucket_batches,
-        )
+        self.order = sample_order(cfg, self.train_rows, self.layout)
         self.kind = objective(cfg.head.type)(cfg, self.target, self.aux, self.paths)
-        self.head, model = self.kind.head, self.kind.model
-        params = [p for p in model.parameters() if p.requires_grad]
-        if cfg.cotrain.enabled:  # the target's weights at cotrain.target_lr_ratio x the head's LR
-            from draftsmith.train.cotrain import param_groups
-
-            params = param_groups(params, self.target.model, t.lr, cfg.cotrain.target_lr_ratio)
-        optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(t.warmup_steps, t.max_steps, t.min_lr_ratio)
+        self.head = self.kind.head
+        self.model, self.optimizer, self.scheduler = prepare_training(
+            cfg, self.acc, self.kind.model, self.target
         )
-        fill_deepspeed_config(acc, cfg)
-        # The scheduler is stepped by hand once per optimizer step: Accelerate's wrapper steps it once per
-        # process (its schedules count per-process batches), which would shorten ours by the world size.
-        self.model, self.optimizer = acc.prepare(model, optimizer)
-        self.scheduler = scheduler
-        acc.register_for_checkpointing(scheduler)
         self.original_val_loss = None  # co-training: the target's validation loss before any update
         self.step = self.resume()
+        self.start_records(log_with)
+
+    def start_records(self, log_with) -> None:
+        """What a run writes before its first step: a co-trained target's original validation loss (once,
+        kept across resumes), config.yaml, the metrics writer and the trackers."""
+        cfg, acc = self.cfg, self.acc
         if cfg.cotrain.enabled and self.original_val_loss is None:
             self.original_val_loss = self.target_drift()["target_val_loss"]
             log.info("co-training: the original target's validation loss is %.4f", self.original_val_loss)
