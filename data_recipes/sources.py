@@ -48,7 +48,7 @@ SOURCE_HELP = (
 )
 FILE_SUFFIXES = (".json", ".jsonl", ".parquet")
 # ShareGPT conversations from this index on are held out for `bench --prompts sharegpt`
-# (runtime/bench/prompt_sets.py); training reads from the start (train/data_steps.py warns past it).
+# (runtime/bench/prompt_sets.py); training reads from the start (train/loop/data_steps.py warns past it).
 SHAREGPT_HELD_OUT_START = 15000
 
 SHAREGPT_ROLES = {

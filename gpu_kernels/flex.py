@@ -13,8 +13,8 @@ call, which is the honest per-step cost (the mask changes every cycle); `block_m
 separate the two. On CUDA the attention runs compiled (Triton kernels generated on the first shapes; the
 static path's graph warm-up compiles before capture); elsewhere it runs FlexAttention's eager path, which
 computes the same math densely (what the CPU tests check against the reference). The TTT step's causal
-part (`causal_attention_flex`, train/ttt_attention.py) is a formula, not data: its block mask is built from
-the mask_mod once per length, and FlexAttention returns the log-sum-exp the step's merge needs.
+part (`causal_attention_flex`, train/objectives/ttt_attention.py) is a formula, not data: its block mask is
+built from the mask_mod once per length, and FlexAttention returns the log-sum-exp the step's merge needs.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def causal_attention_flex(
     compiled: bool | None = None,  # None = compiled on CUDA, eager elsewhere (eager has no backward on CPU)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention -> (out [B, Hq, T, D], log-sum-exp [B, Hq, T] fp32); FlexAttention
-    differentiates both (train/ttt_attention.py merges the TTT step's diagonal keys with the lse)."""
+    differentiates both (train/objectives/ttt_attention.py merges the TTT step's diagonal keys with the
+    lse)."""
     compile_it = q.device.type == "cuda" if compiled is None else compiled
     run = _compiled(q.device.type) if compile_it else flex_attention
     block_mask = causal_block_mask(q.shape[2], str(q.device))

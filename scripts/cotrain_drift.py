@@ -18,9 +18,9 @@ from pathlib import Path
 
 from draftsmith.runtime.core.target import Target
 from draftsmith.train.config import load_train_config
-from draftsmith.train.cotrain import drift_sums
-from draftsmith.train.data_steps import DataPaths, TrainRows, data_root
-from draftsmith.train.heads import mtp_batch
+from draftsmith.train.loop.data_steps import DataPaths, TrainRows, data_root
+from draftsmith.train.objectives.cotrain import drift_sums
+from draftsmith.train.objectives.heads import mtp_batch
 
 
 def report(sums) -> dict:

@@ -6,7 +6,7 @@
 `head`: P-EAGLE extends the EAGLE-3 head (runtime/heads/peagle.py): same layers, fc, norms, LM head and
 draft vocabulary, plus `mask_hidden` [1, 1, A*Ht] and `mask_embed` [H]. The shared tensors are copied;
 the two extra ones start as a fresh P-EAGLE head's do: `mask_hidden` randn (seed 0, speculators' init)
-and `mask_embed` the target's embedding of `mask_token_id` (train/peagle_objective.py's
+and `mask_embed` the target's embedding of `mask_token_id` (train/objectives/peagle_objective.py's
 init_from_target). Depth 1 of a block is then the EAGLE-3 head's draft, so the head has real acceptance
 at position 0 without any training (scripts/check_vllm.sh peagle needs that: an untrained head accepts
 nothing, and a negative control could not differ).

@@ -1,14 +1,14 @@
 """DFlash heads for the tests (tests/runtime/test_dflash*.py): random heads (drafts vary, mostly rejected)
-and heads briefly trained with the real objective (train/dflash_objective.py) on the tiny target's own
-greedy continuations (drafts accept, partly and fully)."""
+and heads briefly trained with the real objective (train/objectives/dflash_objective.py) on the tiny target's
+own greedy continuations (drafts accept, partly and fully)."""
 
 import torch
 
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.heads.dflash import DFlashConfig, DFlashHead
 from draftsmith.runtime.verify.sampling import SamplingParams
-from draftsmith.train.dflash_objective import dflash_loss
-from draftsmith.train.eagle3_data import online_batch
+from draftsmith.train.objectives.dflash_objective import dflash_loss
+from draftsmith.train.objectives.eagle3_data import online_batch
 
 AUX = (0, 1, 2)  # every layer of the 3-layer tiny target
 

@@ -7,8 +7,8 @@ import torch
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.heads.peagle import PEagleConfig, PEagleHead
 from draftsmith.runtime.verify.sampling import SamplingParams
-from draftsmith.train.eagle3_data import capture_batch
-from draftsmith.train.eagle3_objective import TTTBatch
+from draftsmith.train.objectives.eagle3_data import capture_batch
+from draftsmith.train.objectives.eagle3_objective import TTTBatch
 
 AUX = [0, 1, 2]  # every layer of the 3-layer tiny target
 
@@ -38,7 +38,7 @@ def target_batch(target, seqs: list[list[int]]) -> TTTBatch:
 
 def fitted_head(target, prompts, block_size=4, steps=150, seed=2) -> PEagleHead:
     """A head fitted (memorizing) the target's greedy continuations of `prompts` with peagle_loss."""
-    from draftsmith.train.peagle_objective import peagle_loss
+    from draftsmith.train.objectives.peagle_objective import peagle_loss
 
     head = random_head(target, block_size, seed).train()
     seqs = [p + r.token_ids for p, r in zip(prompts, generate_plain(target, prompts, SamplingParams(), 24))]

@@ -218,7 +218,7 @@ def test_checker_sees_function_local_and_dynamic_imports(tmp_path):
     (tmp_path / "data_recipes").mkdir()
     (tmp_path / "data_recipes" / "vocab.py").write_text("")
     (tmp_path / "runtime" / "core" / "engine.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import draftsmith.train.heads\n"
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import draftsmith.train.objectives.heads\n"
         "def f():\n    from draftsmith.train import export\n"
     )
     (tmp_path / "runtime" / "verify" / "tree.py").write_text(

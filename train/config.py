@@ -34,9 +34,9 @@ def default_head() -> HeadSection:
 class CotrainConfig:
     """Train the target with the head, for kinds that allow it (runtime/heads/head_kinds.py, `cotrain=True`):
     how the target trains. The draft loss's weight is the kind's own `head.cotrain_weight`: MTP, loss =
-    L_next + w * sum_m decay**m L_m; Medusa-2 (train/medusa2.py), loss = L_LM + lambda0 * sum_k decay**k CE_k
-    (Cai et al. 2024, arXiv:2401.10774 section 2.3.2); EAGLE-3 (train/eagle3_cotrain.py), loss = L_next +
-    w * sum_k decay**k L_k (the TTT loss)."""
+    L_next + w * sum_m decay**m L_m; Medusa-2 (train/objectives/medusa2.py), loss = L_LM + lambda0 * sum_k
+    decay**k CE_k (Cai et al. 2024, arXiv:2401.10774 section 2.3.2); EAGLE-3
+    (train/objectives/eagle3_cotrain.py), loss = L_next + w * sum_k decay**k L_k (the TTT loss)."""
 
     enabled: bool = False
     method: Literal["lora", "full"] = "lora"  # LoRA adapters (peft, merged at export) or every weight
@@ -83,9 +83,9 @@ class LoopConfig:
     ttt_steps: int = 7  # training-time-test unroll depth K
     step_decay: float = 0.8  # loss weight decay**k of step k
     noise_std: float = 0.0  # EAGLE-3: N(0, std^2) on the aux features the head reads, training only (0 = off)
-    # The TTT step's memory (train/eagle3_objective.py); none of these changes the loss beyond rounding.
-    # decomposed: causal attention over the step-0 keys + k diagonal keys, merged by log-sum-exp (the
-    # causal part: the CPU flash kernel on a CPU, the explicit scores on a GPU: what CI runs); dense: the
+    # The TTT step's memory (train/objectives/eagle3_objective.py); none of these changes the loss beyond
+    # rounding. decomposed: causal attention over the step-0 keys + k diagonal keys, merged by log-sum-exp
+    # (the causal part: the CPU flash kernel on a CPU, the explicit scores on a GPU: what CI runs); dense: the
     # reference, one SDPA over (k+1)T keys with a [T, (k+1)T] mask; flex: decomposed with FlexAttention
     # compiled for the causal part, CUDA only, never run in CI (scripts/gpu_check.sh measures it).
     ttt_attention: Literal["decomposed", "dense", "flex"] = "decomposed"
@@ -101,7 +101,7 @@ class LoopConfig:
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     allow_world_size_change: bool = False  # resume a checkpoint written by another number of processes
     allow_data_change: bool = False  # resume a checkpoint written for other data
-    # The memory preflight (train/preflight.py), before the target loads: "check" refuses a run whose
+    # The memory preflight (train/preflight/estimate.py), before the target loads: "check" refuses a run whose
     # estimated bytes per rank exceed the device's memory (exit 2), "warn" logs and goes on, "off" skips.
     preflight: Literal["check", "warn", "off"] = "check"
     preflight_device_gb: float | None = None  # memory per rank; None = the GPU's free memory (CPU: RAM)
@@ -235,7 +235,8 @@ class TrainConfig:
         if t.loader_prefetch < 1:
             raise BadInputError("train.loader_prefetch", t.loader_prefetch, "an integer >= 1")
         self._validate_head()
-        from draftsmith.train.eagle3_levers import check_config  # head.loss, ttt_schedule, ttt_weights, noise
+        # head.loss, ttt_schedule, ttt_weights, noise
+        from draftsmith.train.objectives.eagle3_levers import check_config
 
         check_config(self)
         self._validate_placement()

@@ -231,7 +231,7 @@ def train_head(cfg: DemoConfig, quick: bool):
     """Steps 1-2: train (or reuse / resume) the head; -> (head folder, last evaluation row, the target
     the trainer loaded, reused by the bench instead of loading it twice)."""
     from draftsmith.train.config import load_train_config
-    from draftsmith.train.trainer import Trainer
+    from draftsmith.train.loop.trainer import Trainer
 
     overrides = [f"target={cfg.target}", f"device={cfg.device}", f"dtype={cfg.dtype}"]
     if quick:

@@ -295,7 +295,7 @@ TRAIN_DESCRIPTION = (
     "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb\n"
     "  draftsmith train --preflight --config configs/eagle3-smollm2-135m.yaml \\\n"
     "      target=meta-llama/Llama-3.3-70B-Instruct data.max_length=4096 --world-size 8\n\n"
-    "A run first estimates its memory per rank from the target's config.json (train/preflight.py),\n"
+    "A run first estimates its memory per rank from the target's config.json (train/preflight/estimate.py),\n"
     "prints it and refuses (exit 2) what exceeds the device: train.preflight=warn tries anyway."
 )
 
@@ -333,7 +333,7 @@ def run_train(args: argparse.Namespace) -> None:
     from draftsmith.train.config import load_train_config
 
     if args.preflight:
-        from draftsmith.train.preflight_plan import preflight_report
+        from draftsmith.train.preflight.plan import preflight_report
 
         if args.world_size is not None and args.world_size < 1:
             raise BadInputError("--world-size", args.world_size, "an integer >= 1")
@@ -341,7 +341,7 @@ def run_train(args: argparse.Namespace) -> None:
         return
     if args.config is None:
         raise BadInputError("--config", None, "a YAML train config (optional only with --preflight)")
-    from draftsmith.train.trainer import train
+    from draftsmith.train.loop.trainer import train
 
     train(load_train_config(args.config, args.overrides))
 

@@ -7,8 +7,8 @@ expert parallel.
     resident_bytes(model), placement_shard_fraction(config, 2)                      # what each rank holds
 
 Both split placements form groups of n consecutive ranks (one node) that run the target together on the
-same rows; the head trains data-parallel over the dp = world / n groups (see `train/trainer.py`: the sample
-order is the data-parallel one), ranks r = dp_rank * n + group_rank.
+same rows; the head trains data-parallel over the dp = world / n groups (see `train/loop/trainer.py`: the
+sample order is the data-parallel one), ranks r = dp_rank * n + group_rank.
 - `target_placement: tp` (n = `tp_size`) splits every decoder layer with transformers' own plan for the
   family (`config.base_model_tp_plan`: q/k/v and gate/up column-wise, o and down row-wise, one all-reduce
   after each), so a rank holds 1/n of the layers and its KV cache num_key_value_heads / n heads; n must

@@ -8,7 +8,7 @@ says what a kind declares).
 
 The head is runtime/heads/dflash.py, its drafter runtime/drafters/dflash_drafter.py, its engine layouts
 runtime/heads/dflash_layout.py; this file holds the `head:` section of a train config (the objective is
-train/dflash_objective.py), the export writers and the model card's serve texts.
+train/objectives/dflash_objective.py), the export writers and the model card's serve texts.
 """
 
 from __future__ import annotations

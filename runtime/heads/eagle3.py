@@ -74,8 +74,9 @@ class Eagle3Config:
     norm_output: bool = False
     # the target's text model_type (runtime/core/families.py); None in folders written before it existed
     target_model_type: str | None = None
-    # co-trained with its target (train/eagle3_cotrain.py): `target` names that target's folder (the run's
-    # final/target) and `target_weights_hash` its weights, so another target is refused (None: not bound)
+    # co-trained with its target (train/objectives/eagle3_cotrain.py): `target` names that target's folder
+    # (the run's final/target) and `target_weights_hash` its weights, so another target is refused (None: not
+    # bound)
     target_weights_hash: str | None = None
     cotrained: bool = False
 
@@ -165,7 +166,8 @@ class Eagle3Attention(nn.Module):
         k = self.k_proj(x).view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, new, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *rope)
-        if hasattr(cache, "attend"):  # a cache that attends itself (the TTT step: train/eagle3_objective.py)
+        # a cache that attends itself (the TTT step: train/objectives/eagle3_objective.py)
+        if hasattr(cache, "attend"):
             out = cache.attend(q, k, v, self.layer_idx)  # [B, nh, T, d]
             return self.o_proj(out.transpose(1, 2).reshape(batch, new, -1))
         if cache is not None:

@@ -1,4 +1,4 @@
-"""A co-trained EAGLE-3 head's binding to its target (train/eagle3_cotrain.py writes it).
+"""A co-trained EAGLE-3 head's binding to its target (train/objectives/eagle3_cotrain.py writes it).
 
     check_bound_target(head.config, target)                    # exit 2 unless target's weights hash matches
     check_bound_target(head.config, original, any_target=True) # told: pair them anyway (a warning)

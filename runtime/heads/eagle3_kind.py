@@ -47,18 +47,18 @@ VLLM = VllmServe(layout="eagle3", method="eagle3")  # the official layout with v
 @dataclass
 class Eagle3Section(CotrainSection):
     """`head:` of an EAGLE-3 train config (configs/eagle3-smollm2-135m.yaml); with `cotrain:`,
-    configs/eagle3-cotrain-lora-smollm2-135m.yaml (train/eagle3_cotrain.py)."""
+    configs/eagle3-cotrain-lora-smollm2-135m.yaml (train/objectives/eagle3_cotrain.py)."""
 
     type: Literal["eagle3"] = "eagle3"
     fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per aux hidden state before fc
     norm_before_fc: bool = False  # EAGLE-3.1: one RMSNorm over the concatenated aux states before fc
     num_layers: int = 1  # draft decoder layers (the first reads [embedding; feature])
     norm_output: bool = False  # EAGLE-3.1: feed the final-normed output back across TTT steps
-    # Training levers (train/eagle3_levers.py, checked there against train.ttt_steps): the loss per TTT step
-    # (train/draft_losses.py: kl = forward KL as soft cross-entropy, rkl, jsd, tv = 1 - acceptance,
-    # lk_hybrid = arXiv:2602.23881's KL/TV blend), TTT steps by training progress ("3,7@0.3": 3 steps,
-    # then train.ttt_steps=7 from 30% of train.max_steps; "" = always ttt_steps) and one loss weight per
-    # TTT step (null: train.step_decay**k)
+    # Training levers (train/objectives/eagle3_levers.py, checked there against train.ttt_steps): the loss per
+    # TTT step (train/objectives/draft_losses.py: kl = forward KL as soft cross-entropy, rkl, jsd, tv = 1 -
+    # acceptance, lk_hybrid = arXiv:2602.23881's KL/TV blend), TTT steps by training progress ("3,7@0.3": 3
+    # steps, then train.ttt_steps=7 from 30% of train.max_steps; "" = always ttt_steps) and one loss weight
+    # per TTT step (null: train.step_decay**k)
     loss: Literal["kl", "rkl", "jsd", "tv", "lk_hybrid"] = "kl"
     ttt_schedule: str = ""
     ttt_weights: list[float] | None = None
@@ -76,7 +76,8 @@ class Eagle3Section(CotrainSection):
         return self
 
     def check_run(self, cfg) -> None:
-        if cfg.cotrain.enabled and cfg.cotrain.self_distill:  # built for Medusa-2 only (train/medusa2.py)
+        # built for Medusa-2 only (train/objectives/medusa2.py)
+        if cfg.cotrain.enabled and cfg.cotrain.self_distill:
             raise BadInputError("cotrain.self_distill", True, "false for head.type=eagle3 (it is Medusa-2's)")
 
     def head_options(self) -> dict:
@@ -222,7 +223,7 @@ KIND = HeadKind(
     module_class=_module,
     section=Eagle3Section,
     make_drafter=make_drafter,
-    cotrain=True,  # the target may train with the head (train/eagle3_cotrain.py)
+    cotrain=True,  # the target may train with the head (train/objectives/eagle3_cotrain.py)
     spec="eagle3:DIR",
     layouts={
         "eagle3": Layout(

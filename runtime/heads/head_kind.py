@@ -22,8 +22,8 @@ A kind is a trained head (EAGLE-3, MTP, ...). It declares:
 - `vllm` (optional): how vLLM serves it (`VllmServe`: the layout it loads, its `speculative_config`), read
   by `bench --baselines vllm-NAME:DIR` and the serve texts;
 - `title`, `about` and the serve texts: the words its model card and `--draft`'s help use.
-Its training objective is registered from train/ (train/objectives.py), so this module and the registry
-never import the trainer.
+Its training objective is registered from train/ (train/objectives/registry.py), so this module and the
+registry never import the trainer.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class HeadSection:
 class CotrainSection(HeadSection):
     """The `head:` section of a kind whose target may train with it (`cotrain.enabled`, HeadKind.cotrain):
     its own weight of the draft loss in the co-trained loss, L_target + cotrain_weight * L_draft (each
-    kind says which; train/cotrain.py trains the target)."""
+    kind says which; train/objectives/cotrain.py trains the target)."""
 
     cotrain_weight: float = 0.3
 

@@ -8,7 +8,7 @@
     head_kinds.formats()                            # export layout -> the kinds it fits
 
 Adding a kind: write its files (module, drafter, a `runtime/NAME_kind.py` declaring its `HeadKind`) and
-add it to KINDS below; its training objective is registered the same way in train/objectives.py. No
+add it to KINDS below; its training objective is registered the same way in train/objectives/registry.py. No
 other module tests a kind's name: `--draft`, `export --format`, train configs' `head.type` and model
 cards all look it up here. This module imports no trainer (tests/test_imports.py).
 """

@@ -10,8 +10,8 @@ The heads are runtime/heads/medusa.py, their drafter runtime/drafters/medusa_dra
 runtime/heads/medusa_tree.py, vLLM's and FasterDecoding's layouts runtime/heads/medusa_layout.py; this file
 ties them
 together and holds the `head:` section of a train config (the trainer's objective is
-train/medusa_objective.py), the export writer and the model card's serve text. Heavy modules are imported
-inside the functions that use them.
+train/objectives/medusa_objective.py), the export writer and the model card's serve text. Heavy modules are
+imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ VLLM = VllmServe(layout="medusa", method="medusa")
 @dataclass
 class MedusaSection(CotrainSection):
     """`head:` of a Medusa train config: Medusa-1, the target frozen (configs/medusa-smollm2-135m.yaml), or
-    Medusa-2 with `cotrain:` (configs/medusa2-lora-smollm2-135m.yaml, train/medusa2.py)."""
+    Medusa-2 with `cotrain:` (configs/medusa2-lora-smollm2-135m.yaml, train/objectives/medusa2.py)."""
 
     type: Literal["medusa"] = "medusa"
     num_heads: int = 3  # K: head k predicts token t+k+2
@@ -56,7 +56,7 @@ class MedusaSection(CotrainSection):
     calibration_rows: int = 64  # validation rows the final heads are calibrated on
     # Medusa-2 (cotrain.enabled): L_LM + lambda0 * L_medusa with lambda0 = cotrain_weight (0.2 in the
     # Medusa-2 axolotl recipes), ramped from ~0 over the warmup steps (the paper's heads warmup: fresh
-    # heads' large loss must not drag the target), linear or sine in the step (train/medusa2.py)
+    # heads' large loss must not drag the target), linear or sine in the step (train/objectives/medusa2.py)
     cotrain_weight: float = 0.2
     cotrain_weight_warmup_steps: int = 0  # 0 = lambda0 from the first step
     cotrain_weight_schedule: Literal["linear", "sine"] = "sine"
@@ -203,6 +203,6 @@ KIND = HeadKind(
     },
     default_depth=default_depth,
     parse_tree=parse_tree,
-    cotrain=True,  # Medusa-2: the target trains with the heads (train/medusa2.py)
+    cotrain=True,  # Medusa-2: the target trains with the heads (train/objectives/medusa2.py)
     vllm=VLLM,
 )

@@ -71,7 +71,8 @@ class MtpSection(CotrainSection):
         return self
 
     def check_run(self, cfg) -> None:
-        if cfg.cotrain.enabled and cfg.cotrain.self_distill:  # built for Medusa-2 only (train/medusa2.py)
+        # built for Medusa-2 only (train/objectives/medusa2.py)
+        if cfg.cotrain.enabled and cfg.cotrain.self_distill:
             raise BadInputError("cotrain.self_distill", True, "false for head.type=mtp (it is Medusa-2's)")
 
     def head_options(self) -> dict:

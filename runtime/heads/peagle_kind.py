@@ -5,7 +5,7 @@ says what a kind declares).
     KIND.all_layouts()["speculators"].write(head_folder, out, LayoutOptions(verifier="path/to/target"))
 
 The head is runtime/heads/peagle.py, its drafter runtime/drafters/peagle_drafter.py, its objective
-train/peagle_objective.py. Export layouts:
+train/objectives/peagle_objective.py. Export layouts:
 - `speculators`: speculators' `peagle` folder (speculators/models/peagle/config.py, 0.9.0), which vLLM
   serves as EAGLE-3 with `parallel_drafting: true` (vllm/transformers_utils/configs/speculators: base.py
   maps `speculators_model_type: peagle`, algos.py `update_peagle` reads draft_vocab_size,

@@ -5,8 +5,8 @@
     .venv/bin/python scripts/studies/ablate_eagle3.py --minutes-per-run 20 --levers baseline,loss-tv \\
         --self-distilled data/sharegpt-regen.jsonl          # + the self-distilled lever
 
-Levers (train/eagle3_levers.py), each the recipe (`--config`, default configs/eagle3-smollm2-135m.yaml)
-with a few overrides, every run with the same `--set` overrides on top:
+Levers (train/objectives/eagle3_levers.py), each the recipe (`--config`, default
+configs/eagle3-smollm2-135m.yaml) with a few overrides, every run with the same `--set` overrides on top:
 
     baseline          the recipe as shipped (forward KL, 7 TTT steps weighted 0.8**k)
     loss-rkl|jsd|tv|lk_hybrid   head.loss=...
@@ -21,7 +21,7 @@ median; per TTT stage for a schedule, weighted by the stage's share of the run) 
 budget / seconds per step, so the LR schedule and the TTT schedule span the run; the target's loading,
 the data steps and the final evaluation are outside the budget. Each run evaluates once at its end on the
 recipe's validation rows (eval.max_rows): the loss, accuracy per TTT step (argmax agreement with the
-target, train/eagle3_objective.py) and simulated tau = 1 + sum_k prod_{j<=k} acc_j.
+target, train/objectives/eagle3_objective.py) and simulated tau = 1 + sum_k prod_{j<=k} acc_j.
 
 Resumable: OUT/<lever>/plan.json fixes a run's steps once timed; a killed run resumes from its last
 checkpoint (the trainer's checkpoint.resume=auto); a finished run (OUT/<lever>/result.json) is skipped.
@@ -61,8 +61,8 @@ def seconds_per_step(config: Path | None, overrides: list[str], probe_dir: Path,
     """The lever's training seconds per optimizer step: one warm-up step, then `probe_steps` timed, per
     TTT stage of its schedule (each as a plain run with that many steps), weighted by the stage's share."""
     from draftsmith.train.config import load_train_config
-    from draftsmith.train.eagle3_levers import parse_ttt_schedule
-    from draftsmith.train.trainer import Trainer
+    from draftsmith.train.loop.trainer import Trainer
+    from draftsmith.train.objectives.eagle3_levers import parse_ttt_schedule
 
     cfg = load_train_config(config, overrides)
     eagle3 = cfg.head.type == "eagle3"  # another kind (--config of a P-EAGLE or DFlash recipe): one stage
@@ -96,7 +96,7 @@ def seconds_per_step(config: Path | None, overrides: list[str], probe_dir: Path,
 def run_lever(name: str, lever: list[str], args) -> dict:
     """Time, train and evaluate one lever (its overrides `lever` on top of `--set`), or read its result."""
     from draftsmith.train.config import load_train_config
-    from draftsmith.train.trainer import train
+    from draftsmith.train.loop.trainer import train
 
     overrides = [*args.set, *lever]
 

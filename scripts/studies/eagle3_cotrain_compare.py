@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from draftsmith.train.config import load_train_config
-from draftsmith.train.trainer import train
+from draftsmith.train.loop.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("step", "accuracy_per_step", "simulated_tau", "loss")

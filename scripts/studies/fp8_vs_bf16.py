@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 
 from draftsmith.train.config import load_train_config
-from draftsmith.train.trainer import train
+from draftsmith.train.loop.trainer import train
 
 RUNS = {"bf16": ["data.storage_dtype=bfloat16"], "fp8": ["data.storage_dtype=fp8"]}
 FP8_ALL = ["data.storage_dtype=fp8", "data.fp8_last_hidden=true"]

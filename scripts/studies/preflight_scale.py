@@ -1,7 +1,7 @@
 """The memory preflight for the biggest targets at their users' scale, as a markdown table (BENCHMARKS.md,
 "Preflight at scale"): EAGLE-3 online and offline with its capture counted, per node setup and length.
 No weights are read: each target is a meta-device model built from configs/targets/. Every figure is an
-estimate (train/preflight*.py); no GPU has run these targets.
+estimate (train/preflight/); no GPU has run these targets.
 
     python scripts/studies/preflight_scale.py                            # 4 MoE targets x 3 setups x 2k/4k/8k
     python scripts/studies/preflight_scale.py --targets Qwen/Qwen3-235B-A22B --lengths 4096 train.batch_size=2
@@ -24,11 +24,11 @@ import torch
 
 from draftsmith.runtime.heads.aux_layers import resolve_aux_layers
 from draftsmith.train.config import load_train_config
-from draftsmith.train.preflight import Knobs, Setup
-from draftsmith.train.preflight_capture import draftsmith_capture
-from draftsmith.train.preflight_plan import placements_over
-from draftsmith.train.preflight_report import estimate_cached
-from draftsmith.train.preflight_shapes import TargetShapes
+from draftsmith.train.preflight.capture import draftsmith_capture
+from draftsmith.train.preflight.estimate import Knobs, Setup
+from draftsmith.train.preflight.plan import placements_over
+from draftsmith.train.preflight.report import estimate_cached
+from draftsmith.train.preflight.shapes import TargetShapes
 
 TARGETS = [
     "Qwen/Qwen3-30B-A3B",

@@ -12,7 +12,7 @@ ZeRO-3. A tick marks what fits the budget.
 
     python scripts/studies/preflight_table.py --targets moe --lengths 2048,4096  # Qwen3-MoE, Mixtral, DS-V3
 
-For MoE targets (train/preflight_families.py) the TP split keeps every expert on every rank at 1/tp of its
+For MoE targets (train/preflight/families.py) the TP split keeps every expert on every rank at 1/tp of its
 width (transformers' plan, runtime/core/placement_moe.py). For MLA targets (DeepSeek-V3), which
 draftsmith's TP loader refuses, the TP column is a what-if marked "(what-if)": the split vLLM makes, and
 what it would need per rank.
@@ -26,10 +26,10 @@ from dataclasses import replace
 import torch
 
 from draftsmith.train.config import load_train_config
-from draftsmith.train.preflight import Knobs, Setup
-from draftsmith.train.preflight_families import tp_is_what_if, what_if_tp_sizes
-from draftsmith.train.preflight_report import estimate_cached, tp_sizes
-from draftsmith.train.preflight_shapes import TargetShapes
+from draftsmith.train.preflight.estimate import Knobs, Setup
+from draftsmith.train.preflight.families import tp_is_what_if, what_if_tp_sizes
+from draftsmith.train.preflight.report import estimate_cached, tp_sizes
+from draftsmith.train.preflight.shapes import TargetShapes
 
 STRATEGIES = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP2"}
 TARGETS = ["meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen3-32B", "meta-llama/Llama-3.3-70B-Instruct"]

@@ -6,7 +6,7 @@ training tokens/s and validation accuracy per TTT step, both heads scored by ONE
     python scripts/studies/speculators_trainer_compare.py --smoke --out /tmp/spec-smoke              # seconds
 
 The measurement (one process, ours first, then theirs):
-1. `draftsmith.train.trainer.Trainer(cfg)` runs the data steps (prepare, draft vocab), loads the frozen
+1. `draftsmith.train.loop.trainer.Trainer(cfg)` runs the data steps (prepare, draft vocab), loads the frozen
    target and builds the initial head (init_from_target: lm_head rows and final norm are the target's).
 2. Ours: `Trainer.train_step()` `--steps` times. Every micro-batch's rows are recorded and the time spent
    building it (`kind.batch`: the online target forward) is subtracted from the step's wall time.
@@ -48,7 +48,8 @@ fp32 on CPU. What differs, by their trainer's design or because it cannot be set
   model transformers' SDPA with a dense bool mask from their `create_mask`, `eager` the float mask their
   CPU tests use. Either way the mask spans the packed sequence, [N, (k+1)N] at TTT step k with N = the
   step's tokens (their design: documents packed in one row); ours attends per row, [T, T] causal plus
-  k diagonal terms (train/ttt_attention.py). On a GPU their flex attention would skip the masked blocks.
+  k diagonal terms (train/objectives/ttt_attention.py). On a GPU their flex attention would skip the masked
+  blocks.
 - position ids start at 1 in theirs (their shift), at 0 in ours: RoPE is relative, equal up to rounding.
 - speculators runs under `torch.autocast(device_type)`; on CPU without an accelerator it asks for "cuda",
   which torch disables with a warning: fp32 throughout, as ours.
@@ -105,7 +106,7 @@ def matched_overrides(steps: int, out: Path) -> list[str]:
 
 
 def effective_warmup(cfg) -> int:
-    return min(cfg.train.warmup_steps, cfg.train.max_steps // 10)  # train/trainer.py lr_lambda
+    return min(cfg.train.warmup_steps, cfg.train.max_steps // 10)  # train/loop/trainer.py lr_lambda
 
 
 def target_path(cfg) -> Path:
@@ -318,7 +319,7 @@ def logits_check(trainer, model, rows) -> dict:
     from speculators.losses import resolve_loss_config
     from speculators.models.eagle3.metrics import align_for_step
 
-    from draftsmith.train.eagle3_objective import unroll
+    from draftsmith.train.objectives.eagle3_objective import unroll
 
     inputs, steps = make_inputs(trainer, rows), trainer.cfg.train.ttt_steps
     trainer.model.eval()
@@ -391,7 +392,7 @@ def compare(
     config: Path, out: Path, steps: int, warmup: int, smoke: bool, overrides: list[str], attn: str = "sdpa"
 ) -> dict:
     from draftsmith.train.config import load_train_config
-    from draftsmith.train.trainer import Trainer
+    from draftsmith.train.loop.trainer import Trainer
 
     out.mkdir(parents=True, exist_ok=True)
     base = smoke_overrides(out) if smoke else []

@@ -49,8 +49,8 @@ from torch import nn
 
 from draftsmith.runtime.heads import eagle3 as eagle3_module
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.train import eagle3_objective
-from draftsmith.train.eagle3_objective import TTTBatch, ttt_loss, ttt_loss_ref
+from draftsmith.train.objectives import eagle3_objective
+from draftsmith.train.objectives.eagle3_objective import TTTBatch, ttt_loss, ttt_loss_ref
 
 SHAPES = {  # hidden, query heads, kv heads, head dim, intermediate, vocabulary, draft vocabulary
     "smollm2-135m": (576, 9, 3, 64, 1536, 49152, 8192),  # the CPU recipe's target

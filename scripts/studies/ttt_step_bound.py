@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, "scripts/studies")
 import ttt_step_bench as b
 
-from draftsmith.train import eagle3_objective as eo
+from draftsmith.train.objectives import eagle3_objective as eo
 
 torch.manual_seed(0)
 head, target = b.make_head("smollm2-135m"), b.TargetParts("smollm2-135m")
@@ -51,7 +51,7 @@ for _ in range(3):
 for k, v in res.items():
     print(k, [round(x, 2) for x in v], "median", round(statistics.median(v), 2))
 from draftsmith.runtime.core.target import Target  # noqa: E402
-from draftsmith.train.eagle3_data import online_batch  # noqa: E402
+from draftsmith.train.objectives.eagle3_data import online_batch  # noqa: E402
 
 full = Target.load("smollm2-135m", device="cpu", dtype="float32")
 rows = [{"input_ids": r, "loss_mask": torch.ones(512, dtype=torch.long)} for r in batch.input_ids]

@@ -293,7 +293,7 @@ def test_kept_layers_change_the_capture_and_bad_ids_are_refused(
     tiny_target, tiny_dir, prepared, captures, tmp_path, capsys
 ):
     from draftsmith.train.config import load_train_config
-    from draftsmith.train.data_steps import storage_label
+    from draftsmith.train.loop.data_steps import storage_label
 
     folder, same = captures / "fp8-bf16-1", {"shard_tokens": OPTIONS["shard_tokens"]}
     assert (

@@ -172,7 +172,7 @@ CONFIG = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs" /
 
 
 def test_train_takes_overrides_on_both_sides_of_an_option(tiny_dir, tmp_path, capsys, monkeypatch):
-    from draftsmith.train import trainer
+    from draftsmith.train.loop import trainer
 
     seen = []
     monkeypatch.setattr(trainer, "train", seen.append)

@@ -1,5 +1,5 @@
-"""The head-kind registry (runtime/heads/head_kinds.py, train/objectives.py): what each kind declares, the
-lookups that use it, and the rule that no other module tests a kind's name.
+"""The head-kind registry (runtime/heads/head_kinds.py, train/objectives/registry.py): what each kind
+declares, the lookups that use it, and the rule that no other module tests a kind's name.
 
     python -m pytest tests/runtime/test_head_kinds.py -q
 """
@@ -21,11 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # A kind's own files may name it (its loader checks its head_type): runtime/NAME*.py, train/NAME_*.py, and
 # EAGLE-3's engine layouts. The registries list the kinds. Everything else looks kinds up.
 OWN = {"runtime/heads/layouts.py": "eagle3"}
-REGISTRIES = {"runtime/heads/head_kinds.py", "train/objectives.py"}
+REGISTRIES = {"runtime/heads/head_kinds.py", "train/objectives/registry.py"}
 
 
 def test_every_kind_declares_a_module_section_drafter_layouts_and_objective():
-    from draftsmith.train.objectives import OBJECTIVES
+    from draftsmith.train.objectives.registry import OBJECTIVES
 
     assert set(OBJECTIVES) == set(head_kinds.KINDS)  # the train side registers every kind's objective
     for name, kind in head_kinds.KINDS.items():
@@ -145,7 +145,7 @@ def test_old_cotrain_weights_load_into_their_new_place(caplog):
 
 
 def test_cotraining_a_kind_that_does_not_allow_it_is_refused(monkeypatch):
-    """Every shipped kind co-trains (EAGLE-3 too: train/eagle3_cotrain.py); a kind declaring
+    """Every shipped kind co-trains (EAGLE-3 too: train/objectives/eagle3_cotrain.py); a kind declaring
     cotrain=False is refused naming cotrain.enabled and the kinds that do."""
     from dataclasses import replace
 
@@ -184,8 +184,8 @@ def test_no_module_outside_a_kind_tests_a_kind_name(tmp_path):
     names = set(head_kinds.KINDS)
     bad = []
     for folder in ("runtime", "train", "data_recipes"):
-        for path in sorted((ROOT / folder).glob("*.py")):
-            rel = f"{folder}/{path.name}"
+        for path in sorted((ROOT / folder).rglob("*.py")):  # the sub-packages too
+            rel = path.relative_to(ROOT).as_posix()
             own = {n for n in names if path.stem.startswith(n)} | ({OWN[rel]} if rel in OWN else set())
             if rel in REGISTRIES:
                 continue

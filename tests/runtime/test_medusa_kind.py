@@ -36,8 +36,8 @@ def run(tiny_dir, tmp_path_factory):
 
 
 def test_the_kind_is_registered_on_both_sides():
-    from draftsmith.train.medusa_objective import MedusaKind
-    from draftsmith.train.objectives import objective
+    from draftsmith.train.objectives.medusa_objective import MedusaKind
+    from draftsmith.train.objectives.registry import objective
 
     kind = head_kinds.get("medusa")
     assert kind.section is MedusaSection and kind.module is medusa.MedusaHeads and kind.cotrain  # Medusa-2

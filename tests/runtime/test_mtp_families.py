@@ -131,7 +131,7 @@ def test_lora_cotraining_starts_each_block_as_the_targets_last_layer(family):
     adapters wrap its projections (wrapped, they are `*.base_layer.weight`, which no block has)."""
     pytest.importorskip("peft")
     from draftsmith.train.config import load_train_config
-    from draftsmith.train.heads import MtpKind
+    from draftsmith.train.objectives.heads import MtpKind
 
     target = Target(tiny_model(family), tiny_tokenizer(), f"tiny-{family}")
     last = {k: v.clone() for k, v in target.decoder.layers[-1].state_dict().items()}

@@ -30,7 +30,7 @@ from draftsmith.runtime.heads.eagle3 import save_head as save_eagle3
 from draftsmith.runtime.heads.peagle import PEagleConfig, PEagleHead, load_head, save_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
-from draftsmith.train.peagle_objective import block_mask, block_outputs, depth_inputs, unroll_block
+from draftsmith.train.objectives.peagle_objective import block_mask, block_outputs, depth_inputs, unroll_block
 
 GREEDY = SamplingParams()
 TREES = ["chain:1", "chain:2", "chain:4", "static:binary-3", "dynamic:depth=3,topk=2,tokens=6"]

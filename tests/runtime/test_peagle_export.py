@@ -22,7 +22,7 @@ from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.heads.peagle import save_head
 from draftsmith.runtime.heads.peagle_kind import read_any
-from draftsmith.train.peagle_objective import block_outputs
+from draftsmith.train.objectives.peagle_objective import block_outputs
 
 # speculators 0.9.0 passes `past_key_values` to transformers 5.24's LlamaAttention (renamed `cache`).
 pytestmark = pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")

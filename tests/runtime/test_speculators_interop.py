@@ -241,7 +241,7 @@ def their_step_logits(model, ids, aux, positions, steps: int) -> list[torch.Tens
 def our_step_logits(head, target, ids, aux, steps: int) -> list[torch.Tensor]:
     """Our training-time-test unroll on the same pairs: pair t = (ids[t], aux[t]); one extra pair at the
     end (a dummy first id shifts ours onto theirs) that no earlier position can see."""
-    from draftsmith.train.eagle3_objective import unroll
+    from draftsmith.train.objectives.eagle3_objective import unroll
 
     n = ids.shape[1]
     seq = torch.cat([torch.zeros_like(ids[:, :1]), ids], dim=1)  # unroll's pair t reads seq[t + 1]

@@ -15,7 +15,7 @@ from train_data import run_overrides
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.train.config import load_train_config
-from draftsmith.train.data_steps import data_root
+from draftsmith.train.loop.data_steps import data_root
 
 STEPS = ["train.ttt_steps=3", "train.max_steps=4", "checkpoint.every=2", "eval.every=0"]
 

@@ -1,5 +1,5 @@
-"""The DFlash objective (train/dflash_objective.py) and the kind through the trainer: the batched loss over
-random anchors equals a reference written block by block as the drafter sees it (float64: context =
+"""The DFlash objective (train/objectives/dflash_objective.py) and the kind through the trainer: the batched
+loss over random anchors equals a reference written block by block as the drafter sees it (float64: context =
 positions before the anchor, the block bidirectional, slot k scored on the target at a + k - 1, weights
 exp(-(k-1)/gamma)); a wrong weighting or a causal block is caught; `draftsmith train` with the shipped
 recipe (tiny overrides) trains, evaluates per block position with simulated tau, and its final head
@@ -24,8 +24,8 @@ from draftsmith.runtime.drafters.drafting import build_drafter
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.dflash import block_mask
 from draftsmith.runtime.verify.sampling import SamplingParams
-from draftsmith.train.dflash_objective import dflash_loss, select_anchors
-from draftsmith.train.eagle3_objective import TTTBatch
+from draftsmith.train.objectives.dflash_objective import dflash_loss, select_anchors
+from draftsmith.train.objectives.eagle3_objective import TTTBatch
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "dflash-smollm2-135m.yaml"
 BLOCK, GAMMA = 4, 2.0

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from train_data import write_conversations
 
 from draftsmith.runtime.cli.main import main
-from draftsmith.train.checkpoints import finished_checkpoints
+from draftsmith.train.loop.checkpoints import finished_checkpoints
 
 pytestmark = pytest.mark.distributed
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"

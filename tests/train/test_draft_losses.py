@@ -1,6 +1,6 @@
-"""The distillation losses of train/draft_losses.py against float64 references written out here from their
-definitions, gradients included (autograd vs gradcheck's finite differences, and closed forms), edge cases
-(p one-hot, p == q) and negative controls that must fail.
+"""The distillation losses of train/objectives/draft_losses.py against float64 references written out here
+from their definitions, gradients included (autograd vs gradcheck's finite differences, and closed forms),
+edge cases (p one-hot, p == q) and negative controls that must fail.
 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_draft_losses.py -q
 """
@@ -13,7 +13,7 @@ import torch
 from tolerances import assert_float64_equal
 
 from draftsmith.runtime.heads.eagle3_kind import Eagle3Section
-from draftsmith.train import draft_losses as dl
+from draftsmith.train.objectives import draft_losses as dl
 
 
 def random_pair(n=5, v=7, seed=0):

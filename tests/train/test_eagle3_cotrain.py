@@ -1,4 +1,4 @@
-"""EAGLE-3 against a co-trained target (train/eagle3_cotrain.py) through the one trainer.
+"""EAGLE-3 against a co-trained target (train/objectives/eagle3_cotrain.py) through the one trainer.
 
 The loss is L_next + w * L_eagle3 in float64, L_eagle3 equal to the frozen objective's on the same target;
 the head's loss reaches the target through its features and never through its teacher (detach_features:
@@ -30,10 +30,10 @@ from draftsmith.runtime.heads.layouts import load_eagle3
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain
 from draftsmith.train.config import load_train_config
-from draftsmith.train.eagle3_cotrain import Eagle3CotrainModel
-from draftsmith.train.eagle3_data import online_batch
-from draftsmith.train.heads import TTTModel
-from draftsmith.train.trainer import Trainer, train
+from draftsmith.train.loop.trainer import Trainer, train
+from draftsmith.train.objectives.eagle3_cotrain import Eagle3CotrainModel
+from draftsmith.train.objectives.eagle3_data import online_batch
+from draftsmith.train.objectives.heads import TTTModel
 
 needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="LoRA needs peft")
 AUX = (0, 1, 2)
@@ -201,7 +201,7 @@ def test_the_shipped_target_is_the_one_the_last_drift_report_scored(
     """final/target (adapters merged) against the original on the same validation rows gives the last
     evaluation row's numbers (there: the adapted target against itself with adapters off), to float32
     rounding of the merge; the original against itself gives KL 0 and agreement 1 (the control)."""
-    from draftsmith.train.cotrain import drift_sums
+    from draftsmith.train.objectives.cotrain import drift_sums
 
     batches = list(Trainer(config(tiny_dir, source, data_dir, tmp_path / "val")).val_batches())
     cotrained = Target.load(str(lora_run / "final" / "target"), device="cpu")

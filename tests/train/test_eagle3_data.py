@@ -9,8 +9,8 @@ from draftsmith.data_recipes.capture import capture
 from draftsmith.data_recipes.capture_reader import CaptureFolder
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.train.eagle3_data import offline_batch, online_batch
-from draftsmith.train.eagle3_objective import ttt_loss
+from draftsmith.train.objectives.eagle3_data import offline_batch, online_batch
+from draftsmith.train.objectives.eagle3_objective import ttt_loss
 
 CONVERSATIONS = [
     [{"role": "user", "content": "w1 w2 w3"}, {"role": "assistant", "content": "w4 w5 w6 w7 w8"}],

@@ -1,6 +1,6 @@
-"""The EAGLE-3 levers of train/eagle3_levers.py in the objective and the trainer: each loss in the chunked
-TTT objective against a dense float64 reference (values and head gradients), explicit step weights, the
-TTT schedule (its stages by step, the steps each train row logs, evaluation over every step), feature
+"""The EAGLE-3 levers of train/objectives/eagle3_levers.py in the objective and the trainer: each loss in the
+chunked TTT objective against a dense float64 reference (values and head gradients), explicit step weights,
+the TTT schedule (its stages by step, the steps each train row logs, evaluation over every step), feature
 noise (training forwards only), and the bad inputs (exit code 2 naming the key).
 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_eagle3_levers.py -q
@@ -17,11 +17,11 @@ from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.config import load_train_config
-from draftsmith.train.draft_losses import LOSSES, divergence
-from draftsmith.train.eagle3_levers import Levers, parse_ttt_schedule
-from draftsmith.train.eagle3_objective import TTTBatch, draft_targets, ttt_loss, unroll
-from draftsmith.train.heads import TTTModel
-from draftsmith.train.trainer import train
+from draftsmith.train.loop.trainer import train
+from draftsmith.train.objectives.draft_losses import LOSSES, divergence
+from draftsmith.train.objectives.eagle3_levers import Levers, parse_ttt_schedule
+from draftsmith.train.objectives.eagle3_objective import TTTBatch, draft_targets, ttt_loss, unroll
+from draftsmith.train.objectives.heads import TTTModel
 
 STEPS = 3
 

@@ -12,7 +12,7 @@ from tolerances import assert_float64_equal
 
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.train.eagle3_objective import TTTBatch, draft_targets, ttt_loss, unroll
+from draftsmith.train.objectives.eagle3_objective import TTTBatch, draft_targets, ttt_loss, unroll
 
 STEPS = 4
 

@@ -142,7 +142,7 @@ def test_the_expert_parallel_target_computes_the_whole_one(ep_dirs, tmp_path, na
         assert max(r["misses"]) <= 1.0, r["misses"]  # prefill, layer 0, cached steps, tree: in the bound
         assert r["local_kv_heads"] == whole_cache_heads  # attention whole: the whole cache on each rank
         assert r["layer_bytes"] == r["planned_layer_bytes"] < r["whole_layer_bytes"]  # 4 of 8 experts
-        assert r["resident_bytes"] == r["preflight_bytes"]  # train/preflight_families.py's ep share
+        assert r["resident_bytes"] == r["preflight_bytes"]  # train/preflight/families.py's ep share
         assert r["resident_bytes"] == pytest.approx(r["share"] * r["whole_bytes"], rel=1e-12)
         assert r["layer_state_equal"] and r["weights_hash_equal"]
     assert all(ranks[0]["identical"]) and len(ranks[0]["identical"]) == 8
@@ -178,7 +178,7 @@ def test_a_train_config_with_ep_is_checked_before_anything_loads(overrides, mess
 # ---- the preflight under ep (meta-device models of the real configs; estimates) -------------------------
 def qwen235_report(*overrides: str) -> str:
     from draftsmith.train.config import load_train_config
-    from draftsmith.train.preflight_plan import preflight_report
+    from draftsmith.train.preflight.plan import preflight_report
 
     cfg = load_train_config(
         None, ["target=Qwen/Qwen3-235B-A22B", "data.max_length=4096", "train.batch_size=1", *overrides]

@@ -48,7 +48,7 @@ from draftsmith.runtime.heads.layouts import load_eagle3, to_speculators
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
 from draftsmith.train.config import load_train_config
-from draftsmith.train.trainer import train
+from draftsmith.train.loop.trainer import train
 
 AUX = [0, 1, 2]  # every family's tiny model has at least 3 decoder layers
 # What transformers names each tiny model's class and text model_type: written here, not read from the

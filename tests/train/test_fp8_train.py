@@ -11,8 +11,8 @@ from train_data import read_metrics, run_overrides
 
 from draftsmith.data_recipes import fp8
 from draftsmith.train.config import load_train_config
-from draftsmith.train.data_steps import DataPaths, TrainRows
-from draftsmith.train.trainer import Trainer, train
+from draftsmith.train.loop.data_steps import DataPaths, TrainRows
+from draftsmith.train.loop.trainer import Trainer, train
 
 pytestmark = pytest.mark.skipif(not fp8.available(), reason="this torch has no float8_e4m3fn")
 FP8 = ("data.mode=offline", "data.storage_dtype=fp8", "train.ttt_steps=2")

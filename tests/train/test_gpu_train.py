@@ -15,7 +15,7 @@ from draftsmith.runtime.heads.eagle3 import load_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
 from draftsmith.train.config import load_train_config
-from draftsmith.train.trainer import train
+from draftsmith.train.loop.trainer import train
 
 pytestmark = [
     pytest.mark.gpu,

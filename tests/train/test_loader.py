@@ -12,8 +12,8 @@ from train_data import read_metrics, run_overrides
 
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train.config import load_train_config
-from draftsmith.train.data_steps import SampleOrder
-from draftsmith.train.trainer import Trainer, train
+from draftsmith.train.loop.data_steps import SampleOrder
+from draftsmith.train.loop.trainer import Trainer, train
 
 
 def lengths_of(n: int, seed: int = 0) -> list[int]:

@@ -1,4 +1,5 @@
-"""Medusa-2 (train/medusa2.py): the target co-trained with its Medusa heads through the one trainer.
+"""Medusa-2 (train/objectives/medusa2.py): the target co-trained with its Medusa heads through the one
+trainer.
 
 The loss is L_LM + lambda0 * L_medusa in float64 (data CE, or KL to the original with self-distillation),
 and the heads' loss reaches the target (Medusa-1's does not: the negative control); lambda0's warmup
@@ -26,9 +27,9 @@ from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.train.config import load_train_config
-from draftsmith.train.medusa2 import CotrainedTarget, medusa_weight
-from draftsmith.train.medusa_objective import MedusaModel
-from draftsmith.train.trainer import Trainer, train
+from draftsmith.train.loop.trainer import Trainer, train
+from draftsmith.train.objectives.medusa2 import CotrainedTarget, medusa_weight
+from draftsmith.train.objectives.medusa_objective import MedusaModel
 
 needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="LoRA needs peft")
 

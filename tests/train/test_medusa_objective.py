@@ -13,7 +13,7 @@ from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads
-from draftsmith.train.medusa_objective import MedusaKind, MedusaModel, MedusaSection
+from draftsmith.train.objectives.medusa_objective import MedusaKind, MedusaModel, MedusaSection
 
 
 def make_target(dtype=torch.float32):

@@ -9,7 +9,7 @@ from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, module_mask
-from draftsmith.train.mtp_objective import mtp_loss, next_token_loss, teacher_positions
+from draftsmith.train.objectives.mtp_objective import mtp_loss, next_token_loss, teacher_positions
 
 # PARITY in fp32 (tests/tolerances.py): the batched loss and the per-position oracle round differently in
 # the modules' forwards (at most 3 chained, each like a layer of the tiny target), the LM head, the softmax

@@ -18,7 +18,7 @@ from draftsmith.runtime.heads.mtp import load_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain
 from draftsmith.train.config import load_train_config
-from draftsmith.train.trainer import Trainer, train
+from draftsmith.train.loop.trainer import Trainer, train
 
 
 def overrides(tiny_dir, source, data_dir, out, *extra):

@@ -1,6 +1,6 @@
-"""The P-EAGLE objective (train/peagle_objective.py): the K calls on a TTT cache give the loss, counts and
-gradients of the paper's single forward with the block mask (float64), a wrong mask does not; each depth
-is scored on the target's law of its own token; a short run through the one trainer reports per-position
+"""The P-EAGLE objective (train/objectives/peagle_objective.py): the K calls on a TTT cache give the loss,
+counts and gradients of the paper's single forward with the block mask (float64), a wrong mask does not; each
+depth is scored on the target's law of its own token; a short run through the one trainer reports per-position
 accuracy and the block's simulated tau, and its final folder decodes losslessly as `peagle:DIR`; bad
 `head:` values exit 2.
 
@@ -23,11 +23,11 @@ from draftsmith.runtime.drafters.peagle_drafter import PEagleDrafter
 from draftsmith.runtime.heads.peagle import load_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain
-from draftsmith.train import peagle_objective
 from draftsmith.train.config import load_train_config
-from draftsmith.train.eagle3_objective import TTTBatch
-from draftsmith.train.peagle_objective import peagle_loss, peagle_loss_dense
-from draftsmith.train.trainer import Trainer
+from draftsmith.train.loop.trainer import Trainer
+from draftsmith.train.objectives import peagle_objective
+from draftsmith.train.objectives.eagle3_objective import TTTBatch
+from draftsmith.train.objectives.peagle_objective import peagle_loss, peagle_loss_dense
 
 
 def float64_batch(target):

@@ -13,10 +13,10 @@ import yaml
 from train_data import run_overrides
 
 from draftsmith.runtime.core.errors import BadInputError
-from draftsmith.train import accelerator_setup
-from draftsmith.train.accelerator_setup import deepspeed_precision, requested_precision
 from draftsmith.train.config import load_train_config
-from draftsmith.train.trainer import train
+from draftsmith.train.loop import accelerator_setup
+from draftsmith.train.loop.accelerator_setup import deepspeed_precision, requested_precision
+from draftsmith.train.loop.trainer import train
 
 DEEPSPEED_JSONS = sorted((Path(__file__).parents[2] / "configs" / "deepspeed").glob("*.json"))
 

@@ -1,5 +1,5 @@
-"""The memory preflight (train/preflight.py, train/preflight_report.py): exact parameter counts from a
-meta-device model, the estimate against the measured peak of a CPU run (within 20%), the Llama-3.3-70B
+"""The memory preflight (train/preflight/estimate.py, train/preflight/report.py): exact parameter counts from
+a meta-device model, the estimate against the measured peak of a CPU run (within 20%), the Llama-3.3-70B
 table on 8 x 80 GB, a run refused before its target loads (exit 2), and `--preflight` reading no weights.
 
     OMP_NUM_THREADS=1 python -m pytest tests/train/test_preflight.py -q
@@ -23,10 +23,10 @@ import torch
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train.config import load_train_config
-from draftsmith.train.preflight import Knobs, Setup, estimate, trainable_terms
-from draftsmith.train.preflight_bytes import Term
-from draftsmith.train.preflight_plan import preflight_report
-from draftsmith.train.preflight_shapes import TargetShapes, head_parameters, shipped_targets
+from draftsmith.train.preflight.estimate import Knobs, Setup, estimate, trainable_terms
+from draftsmith.train.preflight.plan import preflight_report
+from draftsmith.train.preflight.shapes import TargetShapes, head_parameters, shipped_targets
+from draftsmith.train.preflight.units import Term
 
 LENGTH = 64  # T: every row of the conversations below is clipped to it, so B x T is exact
 PUBLISHED = {  # parameters, as the model cards round them: 8.03B, 70.6B, 32.8B (31.2B without embeddings)
@@ -139,7 +139,7 @@ def measured_peak(run):
 def test_the_estimate_is_within_20_percent_of_a_measured_cpu_run(
     tiny_dir, answers, answers_dir, tmp_path, extra
 ):
-    from draftsmith.train.trainer import Trainer
+    from draftsmith.train.loop.trainer import Trainer
 
     Trainer(load_train_config(None, overrides(tiny_dir, answers, answers_dir, tmp_path / "warm", *extra)))
     cfg = load_train_config(None, overrides(tiny_dir, answers, answers_dir, tmp_path / "run", *extra))
@@ -159,8 +159,9 @@ def test_the_estimate_is_within_20_percent_of_a_measured_cpu_run(
 
 
 def test_medusa_has_its_own_terms(capsys):
-    """Medusa's objective declares its terms (train/medusa_memory.py): no attention and no MTP modules, its
-    loss over the draft vocabulary (head.reduce_vocab), the shared LM head's draft rows counted once."""
+    """Medusa's objective declares its terms (train/preflight/medusa_memory.py): no attention and no MTP
+    modules, its loss over the draft vocabulary (head.reduce_vocab), the shared LM head's draft rows counted
+    once."""
     config = Path(__file__).parents[2] / "configs" / "medusa-smollm2-135m.yaml"
     assert main(["train", "--preflight", "--config", str(config), "--world-size", "1"]) == 0
     out = capsys.readouterr().out
@@ -181,7 +182,7 @@ def test_medusa_has_its_own_terms(capsys):
 def test_the_estimate_adds_the_terms_the_kind_declares(monkeypatch):
     """Beyond the resident terms, the estimate is what the kind's objective declares (`memory_terms`):
     another declaration changes it, and no kind's terms are listed in the preflight itself."""
-    from draftsmith.train.objectives import OBJECTIVES
+    from draftsmith.train.objectives.registry import OBJECTIVES
 
     assert all(callable(kind.memory_terms) for kind in OBJECTIVES.values())
     cfg = load_train_config(None, ["head.type=mtp"])

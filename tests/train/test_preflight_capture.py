@@ -1,5 +1,5 @@
-"""The memory preflight's capture phase (train/preflight_capture.py) and fixed GPU overheads
-(train/preflight_bytes.py gpu_overheads): an offline run without its capture counts the whole target it
+"""The memory preflight's capture phase (train/preflight/capture.py) and fixed GPU overheads
+(train/preflight/units.py gpu_overheads): an offline run without its capture counts the whole target it
 loads to make one, plans a capture command that fits, and refuses (exit 2) before that load when it does
 not fit; with the capture there, only the parts count.
 
@@ -15,10 +15,10 @@ from train_data import run_overrides
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.train.config import load_train_config
-from draftsmith.train.preflight import Knobs, Setup, estimate
-from draftsmith.train.preflight_bytes import CUDA_CONTEXT
-from draftsmith.train.preflight_capture import draftsmith_capture
-from draftsmith.train.preflight_shapes import TargetShapes
+from draftsmith.train.preflight.capture import draftsmith_capture
+from draftsmith.train.preflight.estimate import Knobs, Setup, estimate
+from draftsmith.train.preflight.shapes import TargetShapes
+from draftsmith.train.preflight.units import CUDA_CONTEXT
 
 LLAMA_70B = "meta-llama/Llama-3.3-70B-Instruct"
 QWEN_235B = "Qwen/Qwen3-235B-A22B"

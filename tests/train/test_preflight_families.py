@@ -1,4 +1,4 @@
-"""The memory preflight on MoE and MLA targets (train/preflight_families.py): the shipped Qwen3-MoE, Mixtral
+"""The memory preflight on MoE and MLA targets (train/preflight/families.py): the shipped Qwen3-MoE, Mixtral
 and DeepSeek-V3 configs build on the meta device with their published parameter counts, each estimate
 term that differs from a dense target against a hand computation (weights per rank under TP, the KV cache,
 the aux states, a MoE layer's working set), and the refusals (exit 2).
@@ -18,9 +18,9 @@ import torch
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.train.config import load_train_config
-from draftsmith.train.preflight import Knobs, Setup, estimate
-from draftsmith.train.preflight_families import what_if_tp_sizes
-from draftsmith.train.preflight_shapes import TargetShapes, shipped_targets
+from draftsmith.train.preflight.estimate import Knobs, Setup, estimate
+from draftsmith.train.preflight.families import what_if_tp_sizes
+from draftsmith.train.preflight.shapes import TargetShapes, shipped_targets
 
 from .test_preflight import PUBLISHED
 
@@ -99,7 +99,7 @@ def test_the_kv_cache_follows_the_attention():
 
 def test_eagle3_reads_three_aux_states_of_deepseek():
     """Offline EAGLE-3 on a GPU: the batch holds 3 aux states + the last one per token in bf16, and the
-    features cast to fp32 for the head (train/eagle3_data.py)."""
+    features cast to fp32 for the head (train/objectives/eagle3_data.py)."""
     s = shapes_of(DEEPSEEK)
     k = knobs_of(DEEPSEEK, s, "data.max_length=2048", "data.mode=offline")
     assert len(k.aux_layers) == 3 and max(k.aux_layers) < 61

@@ -27,10 +27,10 @@ from draftsmith.data_recipes.capture_reader import TOKEN_TENSORS
 from draftsmith.data_recipes.parts import part_name
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
-from draftsmith.train import accelerator_setup
 from draftsmith.train.config import load_train_config
-from draftsmith.train.data_steps import capture_dir, data_commands, ensure_data
-from draftsmith.train.process_group import TIMEOUT_KEY, rank0_first, wait_for_ranks
+from draftsmith.train.loop import accelerator_setup
+from draftsmith.train.loop.data_steps import capture_dir, data_commands, ensure_data
+from draftsmith.train.loop.process_group import TIMEOUT_KEY, rank0_first, wait_for_ranks
 
 AUX = (0, 1, 2)
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"

@@ -29,10 +29,10 @@ from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.core.target_parts import INDEX_FILE, PartsOnlyError, TargetParts
 from draftsmith.runtime.heads.eagle3 import Eagle3Config
 from draftsmith.runtime.heads.mtp import MtpConfig, load_head
-from draftsmith.train import trainer as trainer_module
-from draftsmith.train.checkpoints import finished_checkpoints
 from draftsmith.train.config import load_train_config
-from draftsmith.train.trainer import Trainer
+from draftsmith.train.loop import trainer as trainer_module
+from draftsmith.train.loop.checkpoints import finished_checkpoints
+from draftsmith.train.loop.trainer import Trainer
 
 PARTS = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
 SHARDS = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
@@ -225,7 +225,7 @@ import json, os, sys
 from pathlib import Path
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.target import Target
-from draftsmith.train import trainer
+from draftsmith.train.loop import trainer
 
 loads, load = [], Target.load.__func__
 Target.load = classmethod(lambda cls, *a, **k: loads.append(a) or load(cls, *a, **k))

@@ -154,7 +154,7 @@ def test_the_split_target_computes_the_whole_one(tp_dirs, tmp_path, name):
         assert r["local_kv_heads"] == 1  # 2 KV heads over 2 ranks
         assert r["layer_bytes"] == r["planned_layer_bytes"]  # exactly half of each split tensor
         assert 0.5 <= r["layer_bytes"] / r["whole_layer_bytes"] < 0.55  # norms, routers whole
-        assert r["resident_bytes"] == r["preflight_bytes"]  # train/preflight_families.py's share
+        assert r["resident_bytes"] == r["preflight_bytes"]  # train/preflight/families.py's share
         assert r["layer_state_equal"]  # the last layer whole (MoE: experts fused from the checkpoint's)
         assert r["weights_hash_equal"]
     assert all(ranks[0]["identical"]) and len(ranks[0]["identical"]) == 8

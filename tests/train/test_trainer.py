@@ -15,12 +15,12 @@ from train_data import online_and_offline_losses, read_metrics, run_overrides
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.errors import BadInputError
-from draftsmith.train import heads as heads_module
-from draftsmith.train import trainer as trainer_module
-from draftsmith.train.checkpoints import check_resume, finished_checkpoints
 from draftsmith.train.config import load_train_config
-from draftsmith.train.data_steps import SampleOrder
-from draftsmith.train.trainer import NonFiniteError, Trainer, lr_lambda, train
+from draftsmith.train.loop import trainer as trainer_module
+from draftsmith.train.loop.checkpoints import check_resume, finished_checkpoints
+from draftsmith.train.loop.data_steps import SampleOrder
+from draftsmith.train.loop.trainer import NonFiniteError, Trainer, lr_lambda, train
+from draftsmith.train.objectives import heads as heads_module
 
 
 def overrides(tiny_dir, source, data_dir, out, *extra):

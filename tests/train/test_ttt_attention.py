@@ -27,8 +27,8 @@ from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.config import load_train_config
-from draftsmith.train.eagle3_objective import TTTBatch, step_mask, ttt_loss, ttt_loss_ref, unroll
-from draftsmith.train.ttt_attention import causal_attention_lse, default_backend, ttt_attention
+from draftsmith.train.objectives.eagle3_objective import TTTBatch, step_mask, ttt_loss, ttt_loss_ref, unroll
+from draftsmith.train.objectives.ttt_attention import causal_attention_lse, default_backend, ttt_attention
 
 STEPS = range(1, 8)  # K = 1..7: the attention at step K - 1 has K - 1 diagonal keys
 
@@ -93,7 +93,7 @@ def test_flex_backend_forward_equals_the_dense_mask(steps):
 @torch.no_grad()
 def test_control_a_causal_part_that_sees_one_key_too_many_fails(monkeypatch):
     """The merge fed a causal part over s <= t+1 (an off-by-one in the mask) misses the dense result."""
-    import draftsmith.train.ttt_attention as module
+    import draftsmith.train.objectives.ttt_attention as module
 
     q, keys, values = random_steps(3, 6, 2)
     one_more = torch.ones(11, 11, dtype=torch.bool).tril(1)
@@ -278,8 +278,8 @@ def test_trainer_settings_reach_the_step(tiny_dir, source, data_dir, tmp_path):
     reference, and with checkpointing and 3-row chunks, as by default: a PARITY comparison, the same
     function summed in another order (three steps of one layer and the LM head, about the tiny target's
     sums); a setting the model ignored would still pass, so the spy checks that each one arrives."""
-    from draftsmith.train import eagle3_objective
-    from draftsmith.train.trainer import train
+    from draftsmith.train.loop.trainer import train
+    from draftsmith.train.objectives import eagle3_objective
 
     runs = {
         "default": [],
@@ -293,7 +293,7 @@ def test_trainer_settings_reach_the_step(tiny_dir, source, data_dir, tmp_path):
         seen.append({k: kwargs[k] for k in ("attention", "logit_chunk", "checkpoint_layers")})
         return real(*args, **kwargs)
 
-    import draftsmith.train.heads as heads
+    import draftsmith.train.objectives.heads as heads
 
     heads.ttt_loss = spy
     try:

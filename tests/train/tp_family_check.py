@@ -7,7 +7,7 @@ through draftsmith's forward in fp32.
 Each rank writes OUT_DIR/rank-R.json: the largest logit differences of a prefill (and its captured layer
 0), two KV-cached steps and a tree-verification forward, each in units of the fp32 bound of BOUND_SUMS
 roundings (the test's rule) at the whole target's scale; the decoder layers' bytes this rank holds
-against what the plan leaves it (1/2 of each split tensor) and against train/preflight_families.py's
+against what the plan leaves it (1/2 of each split tensor) and against train/preflight/families.py's
 share; whether the last layer's layer_state (what an MTP block copies) and the weights hash are the
 whole one's; and on rank 0, whether greedy speculative decoding with n-gram drafts (a chain, then a
 dynamic tree) over the split target, rank 0 driving and rank 1 following, emits the whole target's plain
@@ -81,8 +81,8 @@ def states_equal(target: Target, whole: Target, index: int) -> bool:
 
 
 def preflight_bytes(folder: str, whole: Target, layout: Layout) -> float:
-    """train/preflight_families.py's weights per rank for this target (a meta-device model of its config)."""
-    from draftsmith.train.preflight_families import TargetArch, meta_model
+    """train/preflight/families.py's weights per rank for this target (a meta-device model of its config)."""
+    from draftsmith.train.preflight.families import TargetArch, meta_model
 
     config = whole.model.config
     arch = TargetArch.of(meta_model(config, folder, torch.float32), config)
