@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -357,3 +358,18 @@ def narrow_dists(k: int = 2, seed: int = 0):
     logits = 2.0 * torch.randn(k + 1, 16, generator=g)
     params = SamplingParams(temperature=1.0)
     return logits_to_probs(logits, params), logits_to_probs(-logits[:k], params)
+
+
+class ReportsWrongQ:
+    """A negative control: the drafter samples from its true laws but reports `wrong(q)` to the verifier
+    (q [B, N, V], a copy; every other attribute is the wrapped drafter's)."""
+
+    def __init__(self, drafter, wrong):
+        self.drafter, self.wrong = drafter, wrong
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def propose(self, contexts, tree):
+        batch = self.drafter.propose(contexts, tree)
+        return replace(batch, q=None if batch.q is None else self.wrong(batch.q.clone()))

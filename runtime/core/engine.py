@@ -157,7 +157,11 @@ def prefill_features(
         logits = logits[:, -1]
     else:
         cache = target.new_cache(batch, width + extra)
-        out = target.forward(input_ids, cache, positions, token_valid=valid, capture_layers=capture_layers)
+        ragged = len({len(p) for p in prompts}) > 1  # left padding: holes the masks must hide
+        token_valid = valid if ragged else None
+        out = target.forward(
+            input_ids, cache, positions, token_valid=token_valid, capture_layers=capture_layers
+        )
         logits, aux = target.logits(out.hidden[:, -1]), [out.aux[i] for i in capture_layers]
     features = []
     if capture_layers:

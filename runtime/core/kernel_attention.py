@@ -60,8 +60,6 @@ def use_kernel_attention(target, on: bool | str = True) -> None:
     FlexAttention ("flex") and SDPA (False)."""
     from transformers import AttentionInterface
 
-    from draftsmith.runtime.static.forward import drop_sessions
-
     if on not in NAMES:
         raise ValueError(f"attention: got {on!r}, expected one of {list(NAMES)}")
     own = target.family.attention  # runtime/core/families.py: "eager" where SDPA would drop a soft-cap
@@ -76,7 +74,7 @@ def use_kernel_attention(target, on: bool | str = True) -> None:
     AttentionInterface.register(NAMES["triton"], tree_attention_forward)
     AttentionInterface.register(NAMES["flex"], functools.partial(tree_attention_forward, flex=True))
     target.model.set_attn_implementation(own if on is False else NAMES[on])
-    drop_sessions(target)  # graphs captured with the other attention would replay it
+    target.graph_sessions.clear()  # graphs captured with the other attention would replay it
 
 
 @contextlib.contextmanager

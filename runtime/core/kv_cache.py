@@ -8,6 +8,8 @@ layers write into it, while we own the layout:
                          # widths (runtime/core/mla.py)
     valid                # [B, C] bool: slot holds a real token (False for left padding and holes)
     length               # slots in use, the same for every row
+    holes                # host knowledge, never read from the device: some slot may be invalid (every
+                         # forward then builds its mask; False keeps SDPA's own causal kernel)
 
 Rows may differ in how many real tokens they hold (padding, ragged acceptance later): that is `valid`'s
 job, and attention masks are built from it. `crop(n)` drops slots >= n (rejected draft tokens);
@@ -20,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith import kernels
+from draftsmith.runtime.verify.draft_batch import to_device
 
 
 class KVCache:
@@ -41,6 +44,7 @@ class KVCache:
         self.valid = torch.zeros(batch, shape[2], dtype=torch.bool, device=device)  # [B, C]
         self.length = 0
         self._pending = 0  # tokens being written by the forward in flight
+        self.holes = False  # set once a write or a compaction may leave an invalid slot
 
     @property
     def batch(self) -> int:
@@ -50,8 +54,10 @@ class KVCache:
     def capacity(self) -> int:
         return self.valid.shape[1]
 
-    def reserve(self, new_tokens: int, token_valid: torch.Tensor) -> None:
-        """Open `new_tokens` slots for the next forward; token_valid [B, T] marks the real ones."""
+    def reserve(self, new_tokens: int, token_valid: torch.Tensor, dense: bool = False) -> None:
+        """Open `new_tokens` slots for the next forward; token_valid [B, T] marks the real ones (`dense`:
+        the caller knows they all are)."""
+        self.holes |= not dense
         need = self.length + new_tokens
         if need > self.capacity:
             self._grow(max(need, 2 * self.capacity))
@@ -92,13 +98,28 @@ class KVCache:
         kept_valid = self.valid.gather(1, keep)
         if keep_valid is not None:
             kept_valid &= keep_valid
+            self.holes = True
         self.valid[:, start : start + n] = kept_valid
         self.crop(start + n)
+
+    def keep_rows(self, start: int, rows: list[list[int]]) -> None:
+        """`compact` from host lists: row b keeps the slots rows[b] (absolute, increasing), padded where
+        rows are shorter; copied to the device without a synchronization."""
+        width = max(map(len, rows))
+        keep = torch.full((len(rows), width), start, dtype=torch.long)
+        keep_valid = torch.zeros(keep.shape, dtype=torch.bool)
+        for b, slots in enumerate(rows):
+            keep[b, : len(slots)] = torch.tensor(slots, dtype=torch.long)
+            keep_valid[b, : len(slots)] = True
+        device = self.valid.device
+        ragged = min(map(len, rows)) < width  # only then can holes appear
+        self.compact(start, to_device(keep, device), to_device(keep_valid, device) if ragged else None)
 
     def keep_prefixes(self, start: int, lengths: list[int]) -> None:
         """Row b keeps its slots start..start+lengths[b]-1 where they are; later slots become holes and
         the cache ends at start + max(lengths). Equals `compact` with keep = start + arange, no copies."""
         end = start + max(lengths)
+        self.holes |= min(lengths) < max(lengths)
         slots = torch.arange(end - start, device=self.valid.device)  # [n]
         row_lengths = torch.tensor(lengths, device=self.valid.device)
         self.valid[:, start:end] &= slots[None, :] < row_lengths[:, None]

@@ -42,9 +42,10 @@ def attention_mask(
     return torch.cat([prefix, block], dim=-1)[:, None]  # [B, 1, T, S]
 
 
-def is_plain_causal(valid: torch.Tensor, new_tokens: int, tree_mask: torch.Tensor | None) -> bool:
-    """True when the mask is the plain causal one SDPA builds itself (`attn_mask=None`): no padding, no
-    tree, and either a fresh prefill (square) or a single new token. Passing None then keeps the exact
-    kernel `generate()` uses, so greedy outputs match it bit for bit."""
-    square_or_one = new_tokens == valid.shape[1] or new_tokens == 1
-    return tree_mask is None and square_or_one and bool(valid.all())
+def is_plain_causal(slots: int, new_tokens: int, tree_mask: torch.Tensor | None, holes: bool) -> bool:
+    """True when the mask is the plain causal one SDPA builds itself (`attn_mask=None`): no padding or
+    holes (the cache's host-side knowledge, `KVCache.holes`: no device read), no tree, and either a fresh
+    prefill (square) or a single new token. Passing None then keeps the exact kernel `generate()` uses,
+    so greedy outputs match it bit for bit."""
+    square_or_one = new_tokens == slots or new_tokens == 1
+    return tree_mask is None and square_or_one and not holes

@@ -341,9 +341,10 @@ def quantize_target(target, spec: QuantSpec, field: str = "--quantize") -> Quant
 
 
 def drafter_modules(drafter, target) -> list[nn.Module]:
-    """The modules a drafter holds (a head, a draft model's network), the target's own excluded."""
+    """The modules a drafter's step model holds (a head, a draft model's network), the target's own
+    excluded."""
     out = []
-    for value in vars(drafter).values():
+    for value in vars(getattr(drafter, "steps", drafter)).values():
         if value is target or value is getattr(target, "model", None):
             continue
         module = value if isinstance(value, nn.Module) else getattr(value, "model", None)

@@ -153,6 +153,9 @@ class Target(TargetPieces):
         # weight-only quantization (runtime/core/quantize.py): what runs, and the checkpoint's weights_hash
         self.quantization: str | None = None
         self.source_weights_hash: str | None = None
+        # the static engine path's graphed forwards by shape (runtime/static/forward.py `static_session`):
+        # captured once per shape, like a server at start-up; dropped when the attention function changes
+        self.graph_sessions: dict = {}
 
     @classmethod
     def load(
@@ -286,14 +289,15 @@ class Target(TargetPieces):
         num_layers = num_layers or self.num_layers
         if any(not 0 <= i < num_layers for i in capture_layers):
             raise BadInputError("capture_layers", capture_layers, f"layer ids in [0, {num_layers})")
+        dense = token_valid is None
         if token_valid is None:
             token_valid = torch.ones(batch, new, dtype=torch.bool, device=input_ids.device)
         if position_ids is None:
             past = cache.valid[:, : cache.length].sum(dim=1, keepdim=True)  # [B, 1]
             position_ids = past + torch.arange(new, device=input_ids.device)
-        cache.reserve(new, token_valid)
+        cache.reserve(new, token_valid, dense)
         valid = cache.valid[:, : cache.length + new]  # [B, S]
-        plain = is_plain_causal(valid, new, tree_mask) and not needs_mask(
+        plain = is_plain_causal(valid.shape[1], new, tree_mask, cache.holes) and not needs_mask(
             self.family, self.config, valid.shape[1]
         )
         mask = None if plain else attention_mask(valid, new, tree_mask)

@@ -11,9 +11,10 @@ whose own features the target has not computed yet). Each cycle the drafter
      committed token is projected once, as vLLM's `precompute_and_store_context_kv` does;
   2. runs one forward of the block [root, mask x (S - 1)] at positions p .. p + S - 1 (p = the root's)
      over that cache, bidirectional inside the block; block position d >= 1 gives depth d's logits;
-  3. grows the tree as the Medusa drafter does from its heads (the positions see only the context, not
-     the drafted tokens, exactly like Medusa heads): top-k children per depth (greedy, branching static
-     trees such as `cartesian:K1,..`, dynamic trees) as point masses, or, for a chain at temperature > 0,
+  3. grows the tree with the model drafters' grower (runtime/drafters/grower.py), depth d's logits looked
+     up from the block (the positions see only the context, not the drafted tokens, like Medusa heads):
+     top-k children per depth (greedy, branching static trees such as `cartesian:K1,..`, dynamic trees)
+     as point masses, or, for a chain at temperature > 0,
      each depth's token drawn from q_d, the block position's distribution processed like the target's,
      which is reported to the verifier. Both are exact (runtime/verify/acceptance.py), so drafting is
      lossless. The block's own keys are never cached.
@@ -24,110 +25,110 @@ deeper than S - 1 is refused. Tests: tests/runtime/test_dflash.py, tests/runtime
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.kv_cache import KVCache
-from draftsmith.runtime.drafters.drafter import Drafter, param_ratio, to_device
-from draftsmith.runtime.drafters.medusa_drafter import CHILDREN_MODES, MedusaDrafter
+from draftsmith.runtime.drafters.drafter import param_ratio
+from draftsmith.runtime.drafters.grower import Level, ModelDrafter
+from draftsmith.runtime.drafters.lm_drafter import pending_inputs
 from draftsmith.runtime.heads.dflash import DFlashHead, block_mask, check_block_size
 from draftsmith.runtime.heads.medusa_tree import parse_medusa_tree
-from draftsmith.runtime.verify.sampling import SamplingParams
-from draftsmith.runtime.verify.tree import DynamicTree, TreeSpec, chain
+from draftsmith.runtime.verify.draft_batch import to_device
+from draftsmith.runtime.verify.draft_tree import CycleTree
+from draftsmith.runtime.verify.tree import TreeSpec, chain
 
 DEFAULT_DEPTH = 2  # head_kind.DEFAULT_DEPTH: chain:2 suits CPUs (pass --tree chain:15 for a whole block)
 
 
-class DFlashDrafter(MedusaDrafter):
-    """The Medusa drafter's trees (`_static`, `_dynamic`, `samples_children`) on a block's logits."""
+@dataclass
+class ContextCache:
+    """The draft layers' context K/V, the tokens cached per row (= the root's position) and the
+    committed tokens' features not projected yet (per row [n, A*H])."""
 
-    def __init__(self, head: DFlashHead, target, tree: TreeSpec, block: int | None = None, children="auto"):
-        Drafter.__init__(self)
-        if children not in CHILDREN_MODES:
-            raise BadInputError("children", children, f"one of {list(CHILDREN_MODES)}")
-        self.block = check_block_size(
-            block or head.config.block_size, "--draft #block", head.config.block_size
-        )
-        check_depth(tree, self.block)
-        self.head, self.target, self.tree, self.children = head, target, tree, children
-        self.name = "dflash"
+    cache: KVCache
+    cached: list[int]
+    pending: list[torch.Tensor]
+
+
+class DFlashSteps:
+    slots = None  # the block's own keys are never cached
+
+    def __init__(self, head: DFlashHead, target, block: int):
+        self.head, self.target, self.block, self.device = head, target, block, target.device
         self.capture_layers = tuple(head.config.aux_layer_ids)
-        self._plans = {}
+        self.forwards = 0
 
-    def start(self, prompts, params: SamplingParams, generators, features=None) -> None:
-        Drafter.start(self, prompts, params, generators, features)
+    def start(self, prompts, features=None, static_slots: int | None = None) -> None:
         if features is None or len(features) != len(prompts):
             raise ValueError("the DFlash drafter needs the target's prompt features (capture_layers)")
         attn, weight = self.head.layers[0].self_attn, self.head.fc.weight
         capacity = max(len(p) for p in prompts) + 64  # grows as needed (KVCache._grow)
         layers = self.head.config.num_layers
-        self.cache = KVCache(
+        cache = KVCache(
             layers, len(prompts), attn.kv_heads, attn.head_dim, capacity, weight.dtype, weight.device
         )
-        self.cached = [0] * len(prompts)  # context tokens of each row in the cache (= the root's position)
-        self.pending = list(features)  # per row [n, A*H]: committed tokens' features not in the cache yet
+        self.state = ContextCache(cache, [0] * len(prompts), list(features))
 
-    @torch.inference_mode()
     def _append_context(self) -> None:
         """Project the pending features to context K/V and append them (rows padded to the longest)."""
-        counts = [f.shape[0] for f in self.pending]
-        width = max(counts)
-        if width == 0:
+        state, head = self.state, self.head
+        counts = [f.shape[0] for f in state.pending]
+        if max(counts) == 0:
             return
-        device, head = self.cache.valid.device, self.head
+        _, positions, valid = pending_inputs([[0] * n for n in counts], state.cached, self.device)
+        valid = torch.ones(positions.shape, dtype=torch.bool, device=self.device) if valid is None else valid
         feats = torch.zeros(
-            len(counts), width, self.pending[0].shape[-1], dtype=head.fc.weight.dtype, device=device
+            *valid.shape, state.pending[0].shape[-1], dtype=head.fc.weight.dtype, device=self.device
         )
-        valid = torch.zeros(len(counts), width, dtype=torch.bool)
-        for b, (f, n) in enumerate(zip(self.pending, counts, strict=True)):
-            feats[b, :n] = f.to(device, feats.dtype)
-            valid[b, :n] = True
-        positions = to_device(torch.tensor(self.cached)[:, None] + torch.arange(width), device)  # [B, W]
+        for b, (f, n) in enumerate(zip(state.pending, counts, strict=True)):
+            feats[b, :n] = f.to(self.device, feats.dtype)
         keys, values = head.context_kv(head.fuse(feats), positions)
-        self.cache.reserve(width, to_device(valid, device))
+        state.cache.reserve(valid.shape[1], valid)
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-            self.cache.update(k, v, i)
-        self.cache.commit()
-        self.cached = [seen + n for seen, n in zip(self.cached, counts, strict=True)]
-        self.pending = [f[:0] for f in self.pending]
+            state.cache.update(k, v, i)
+        state.cache.commit()
+        state.cached = [seen + n for seen, n in zip(state.cached, counts, strict=True)]
+        state.pending = [f[:0] for f in state.pending]
 
-    @torch.inference_mode()
-    def block_logits(self, roots: list[int]) -> torch.Tensor:
-        """One forward of [root, mask x (S-1)] over the cached context -> logits [D, B, V] (float32)."""
-        depth = check_depth(self.tree, self.block)  # a load-aware chain may change the tree
+    def pending(self, contexts: list[list[int]], tree: TreeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of [root, mask x (S-1)] over the cached context -> depth 1's logits [B, V]; the
+        block's [B, D, V] are kept for `level`."""
+        depth = check_depth(tree, self.block)  # a load-aware chain may change the tree
         self._append_context()
-        head, cache, device = self.head, self.cache, self.cache.valid.device
-        ids = torch.full((len(roots), self.block), head.config.mask_token_id, dtype=torch.long)
-        ids[:, 0] = torch.tensor(roots)
-        positions = torch.tensor(self.cached)[:, None] + torch.arange(self.block)  # [B, S]
-        ids, positions = to_device(ids, device), to_device(positions, device)
+        head, cache = self.head, self.state.cache
+        ids = torch.full((len(contexts), self.block), head.config.mask_token_id, dtype=torch.long)
+        ids[:, 0] = torch.tensor([ctx[-1] for ctx in contexts])
+        positions = torch.tensor(self.state.cached)[:, None] + torch.arange(self.block)  # [B, S]
+        ids, positions = to_device(ids, self.device), to_device(positions, self.device)
         length = cache.length
         keys = [k[:, :, :length] for k in cache.keys]  # [B, nkv, C, d] per layer
         values = [v[:, :, :length] for v in cache.values]
         mask = block_mask(cache.valid[:, :length], self.block)  # [B, 1, S, C + S]
         h = head(self.target.embed(ids), positions, keys, values, mask)  # [B, S, H]
         self.forwards += 1
-        return head.target_logits(h[:, 1 : depth + 1]).transpose(0, 1)  # [D, B, V]
+        self.block_logits = head.target_logits(h[:, 1 : depth + 1])  # [B, D, V]
+        return self.block_logits[:, 0], positions[:, :1]
 
-    def propose(self, contexts: list[list[int]]):
-        roots = [ctx[-1] for ctx in contexts]
-        logits = self.block_logits(roots)
-        if isinstance(self.tree, DynamicTree):
-            return self._dynamic(roots, logits)
-        return self._static(roots, logits)
+    def level(self, cycle: CycleTree, level: Level) -> torch.Tensor:
+        return self.block_logits[:, level.depth, None].expand(-1, level.nodes.shape[1], -1)
 
-    def commit(self, accepted: list[list[int]], features=None) -> None:
+    def commit(self, accepted, features=None, fetched=None) -> None:
         """features[b] [1 + accepted, A*H]: the root and the accepted nodes join the context."""
-        self.pending = list(features)
+        self.state.pending = list(features)
 
     def skip(self, features=None) -> None:
-        self.pending = [torch.cat([old, new]) for old, new in zip(self.pending, features, strict=True)]
+        self.state.pending = [
+            torch.cat([old, new]) for old, new in zip(self.state.pending, features, strict=True)
+        ]
 
     def retain(self, rows: list[int]) -> None:
-        Drafter.retain(self, rows)
-        self.cache.retain(torch.tensor(rows, device=self.cache.valid.device))
-        self.cached = [self.cached[r] for r in rows]
-        self.pending = [self.pending[r] for r in rows]
+        state = self.state
+        state.cache.retain(torch.tensor(rows, device=self.device))
+        state.cached = [state.cached[r] for r in rows]
+        state.pending = [state.pending[r] for r in rows]
 
 
 def check_depth(tree: TreeSpec, block: int) -> int:
@@ -143,16 +144,16 @@ def check_depth(tree: TreeSpec, block: int) -> int:
 
 def dflash_drafter(
     target, head: DFlashHead, tree: TreeSpec | str | None = None, block: int | None = None, children="auto"
-) -> DFlashDrafter:
+) -> ModelDrafter:
     """The drafter factory: the head on the target's device and dtype, a tree spec (string or parsed;
-    None = chain:min(2, S-1)); `step_cost` = the head's parameters over the target's, spread over the
-    depths one forward drafts (a one-pass drafter's cost does not grow with depth)."""
-    size = block or head.config.block_size
+    None = chain:min(2, S-1)); its cost the head's parameters over the target's, spread over the depths
+    one forward drafts (a one-pass drafter's cost does not grow with depth)."""
+    size = check_block_size(block or head.config.block_size, "--draft #block", head.config.block_size)
     if tree is None:
         tree = chain(min(DEFAULT_DEPTH, size - 1))
     elif isinstance(tree, str):
         tree = parse_medusa_tree(tree)  # cartesian:K1,.. is a tree over per-position top-k
+    check_depth(tree, size)
     head = head.to(device=target.device, dtype=target.dtype)
-    drafter = DFlashDrafter(head, target, tree, block, children)
-    drafter.step_cost = param_ratio(head, target) / max(tree.max_depth, 1)
-    return drafter
+    cost = param_ratio(head, target) / max(tree.max_depth, 1)
+    return ModelDrafter(DFlashSteps(head, target, size), tree, "dflash", cost, children)

@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
-from draftsmith.runtime.drafters.drafter import Draft, Drafter
+from draftsmith.runtime.drafters.drafter import Drafter
+from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch
 from draftsmith.runtime.verify.tree import Tree, chain
 
 PROCESS_SPECS = ("ngram", "self:", "model:")  # drafters of the committed tokens only (no target features)
@@ -147,7 +148,7 @@ class RemoteDrafter(Drafter):
         except (RuntimeError, ConnectionError) as err:  # gloo: peer closed, or the timeout passed
             raise DraftProcessError(f"the drafter process stopped answering ({err})") from err
 
-    def start(self, prompts, params, generators, features=None) -> None:
+    def start(self, prompts, params, generators, features=None, static_slots=None) -> None:
         super().start(prompts, params, generators, features)
         if self._batch_started:
             self._metrics.append(self._close_batch())
@@ -167,7 +168,8 @@ class RemoteDrafter(Drafter):
 
     _batch_started = False
 
-    def propose(self, contexts: list[list[int]]) -> list[Draft]:
+    def propose(self, contexts: list[list[int]], tree=None) -> DraftBatch:
+        """The remote drafter's chain of `depth` (its own budget), or the in-process fallback's."""
         if self.local is None:
             msg = {"op": "cycle", "accepted": self.accepted, "rows": self.rows, "contexts": contexts}
             start = time.perf_counter()
@@ -176,13 +178,13 @@ class RemoteDrafter(Drafter):
             if reply is not None:
                 self.accepted, self.rows = None, None
                 self.forwards = reply["forwards"]
-                return [unpack(d) for d in reply["drafts"]]
+                return DraftBatch.from_drafts([unpack(d) for d in reply["drafts"]], "cpu")
             self.local.start(contexts, self.params, self._fresh_generators())  # it prefills the contexts
-        return self.local.propose(contexts)
+        return self.local.propose(contexts, self.local.tree)
 
-    def commit(self, accepted, features=None) -> None:
+    def commit(self, accepted, features=None, fetched=None) -> None:
         if self.local is not None:
-            return self.local.commit(accepted, features)
+            return self.local.commit(accepted, features, fetched)
         self.accepted = accepted
 
     def retain(self, rows: list[int]) -> None:
@@ -293,6 +295,7 @@ def serve(cfg: dict) -> None:
         timeout=timedelta(seconds=cfg["timeout_s"]),
     )
     size = None  # a message length already received while speculating
+    fetched = None  # the last proposal's `fetched` columns (the drafter's commit reads them)
     with torch.inference_mode():
         while True:
             msg = recv_obj(0, size)
@@ -317,11 +320,14 @@ def serve(cfg: dict) -> None:
                 send_obj({"ok": True}, 0)
                 continue
             if msg["accepted"] is not None:
-                drafter.commit(msg["accepted"])
+                drafter.commit(msg["accepted"], None, fetched)
             if msg["rows"] is not None:
                 drafter.retain(msg["rows"])
-            drafts = drafter.propose(msg["contexts"])
-            send_obj({"drafts": [pack(d) for d in drafts], "forwards": drafter.forwards}, 0)
+                fetched = None if fetched is None else [fetched[r] for r in msg["rows"]]
+            batch = drafter.propose(msg["contexts"], drafter.tree)
+            fetched = None if batch.fetched is None else batch.fetched.tolist()
+            drafts = [pack(d) for d in batch.to_drafts()]
+            send_obj({"drafts": drafts, "forwards": drafter.forwards}, 0)
             if cfg["ssd_fanout"]:  # while the target verifies; its verdict's arrival stops the branches
                 size = torch.zeros(1, dtype=torch.long)
                 sent, listener = time.perf_counter(), Listener(size)

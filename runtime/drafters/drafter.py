@@ -1,66 +1,44 @@
-"""The drafter protocol: what every drafter implements, and the `Draft` it returns each cycle.
+"""The drafter protocol: what every drafter implements each cycle, and the helpers they share.
 
 A drafter proposes, once per speculative cycle and for every row of the batch, a tree of candidate
-tokens rooted at the last committed token, together with the distribution each token was drawn from:
+tokens rooted at the last committed token, with the law each token was drawn from, as one `DraftBatch`
+on the device (runtime/verify/draft_batch.py):
 
-    drafter.start(prompts, params, generators)     # a new batch (its own caches, its own random streams)
-    drafts = drafter.propose(contexts)             # contexts[i] = committed tokens of row i, root last
-    drafter.commit(accepted)                       # accepted[i] = node ids the target accepted in row i
-    drafter.retain(rows)                           # rows still running, after some finished
+    drafter.start(prompts, params, generators, features, static_slots=None)  # a new batch
+    batch = drafter.propose(contexts, tree)      # contexts[i] = committed tokens of row i, root last;
+                                                 # tree = this cycle's budget (the drafter's own `tree`,
+                                                 # or the load-aware policy's chain)
+    drafter.commit(accepted, features, fetched)  # accepted[i] = node ids the target accepted in row i
+    drafter.retain(rows)                         # rows still running, after some finished
 
 `commit` rolls the drafter back to the accepted path (its caches keep exactly the committed tokens
 they have already computed); the tokens it has not seen yet, including the recovered or bonus token,
-reach it as the head of the next `contexts`. Drafters import this module, never runtime/drafters/drafting.py
+reach it as the head of the next `contexts`. `fetched[i]` is row i of the batch's `fetched` columns,
+which the engine brings to the host with the cycle's one transfer. `static_slots` (the engine's static
+path) asks model drafters to draft on a preallocated cache with CUDA graphs (runtime/static/draft.py).
+The model drafters are one `ModelDrafter` (runtime/drafters/grower.py) over a step model each; n-gram,
+suffix and SSD build host `Draft`s. Drafters import this module, never runtime/drafters/drafting.py
 (which builds them from `--draft` specs and so imports them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
 
 import torch
 
+from draftsmith.runtime.verify.draft_batch import DraftBatch
 from draftsmith.runtime.verify.sampling import SamplingParams
-from draftsmith.runtime.verify.tree import Tree
-
-
-@dataclass
-class Draft:
-    tree: Tree
-    tokens: list[int]  # [N]; tokens[0] is the root (the last committed token)
-    draft_probs: torch.Tensor | None = None  # [N, V] law each token was drawn from; None = deterministic
-
-    def __post_init__(self) -> None:
-        if len(self.tokens) != self.tree.size:
-            raise ValueError(f"draft has {len(self.tokens)} tokens for a tree of {self.tree.size} nodes")
-
-
-def to_device(data, device: torch.device | str) -> torch.Tensor:
-    """A host-built tensor (or nested list) on `device` without waiting for the kernels already queued
-    there: on CUDA through pinned memory and an asynchronous copy (a plain copy synchronizes the stream,
-    so the host would idle until the GPU drains), elsewhere an ordinary `.to`."""
-    tensor = data if isinstance(data, torch.Tensor) else torch.tensor(data)
-    if torch.device(device).type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
-
-
-def root_only(root: int) -> Draft:
-    """An empty draft: the cycle is one plain decoding step."""
-    return Draft(Tree((-1,)), [root])
+from draftsmith.runtime.verify.tree import TreeSpec
 
 
 class Drafter:
-    """Base class: the no-op parts of the protocol. Subclasses implement `propose`."""
+    """The protocol's no-op parts; drafters implement `propose` (none derives from another drafter)."""
 
     name = "drafter"
-    capture_layers: tuple[
-        int, ...
-    ] = ()  # target layers whose hidden states the drafter reads (feature heads)
-    step_cost = 0.0  # one drafted level's cost relative to a 1-token target forward (build_drafter sets it)
-    # set by the engine on its static path: draft on a preallocated cache of this many slots, with CUDA
-    # graphs (the model drafters: runtime/static/draft.py); drafters without a model (n-gram) ignore it
-    static_slots: int | None = None
+    capture_layers: tuple[int, ...] = ()  # target layers whose hidden states the drafter reads
+    step_cost = 0.0  # one drafted level's cost relative to a 1-token target forward
+    tree: TreeSpec  # the drafter's own budget (each cycle's is passed to `propose`)
 
     def __init__(self) -> None:
         self.forwards = 0  # draft model forwards so far (each covers the whole batch)
@@ -71,15 +49,22 @@ class Drafter:
         params: SamplingParams,
         generators: list[torch.Generator] | None,
         features: list[torch.Tensor] | None = None,  # per row [len(prompt), A*H] when capture_layers
+        static_slots: int | None = None,
     ) -> None:
         self.params, self.generators = params, generators
 
-    def propose(self, contexts: list[list[int]]) -> list[Draft]:
+    def propose(self, contexts: list[list[int]], tree: TreeSpec) -> DraftBatch:
         raise NotImplementedError
 
-    def commit(self, accepted: list[list[int]], features: list[torch.Tensor] | None = None) -> None:
+    def commit(
+        self,
+        accepted: list[list[int]],
+        features: list[torch.Tensor] | None = None,
+        fetched: list[list[int]] | None = None,
+    ) -> None:
         """accepted[i]: node ids the target accepted in row i; features[i]: the target's features at the
-        root and those nodes [1 + len(accepted[i]), A*H] (feature heads only)."""
+        root and those nodes [1 + len(accepted[i]), A*H] (feature heads only); fetched[i]: row i of
+        the proposal's `fetched` columns."""
 
     def skip(self, features: list[torch.Tensor] | None = None) -> None:
         """A cycle ran without a draft (a load-aware plain step): its committed token (and the target's
@@ -89,6 +74,23 @@ class Drafter:
     def retain(self, rows: list[int]) -> None:
         if self.generators is not None:
             self.generators = [self.generators[r] for r in rows]
+
+    # what `state` leaves out: the budget, the sampling parameters and streams, counters, constants
+    shared = frozenset({"tree", "params", "generators", "forwards", "device", "options", "spec", "name"})
+
+    def state(self) -> object:
+        """The per-batch state, live (SSD deep-copies it to fork a branch, drafters/ssd.py)."""
+        return {k: v for k, v in vars(self).items() if k not in self.shared}
+
+    def restore(self, state: object) -> None:
+        """Continue from `state` (taken, not copied)."""
+        vars(self).update(state)
+
+    def fork(self, tree: TreeSpec) -> Drafter:
+        """A drafter sharing this one's weights, with its own budget, counters and (after `start`) state."""
+        new = copy.copy(self)
+        new.tree, new.forwards = tree, 0
+        return new
 
 
 def count_params(module: torch.nn.Module) -> int:

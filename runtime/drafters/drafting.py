@@ -19,14 +19,13 @@ Draft specs (docs/architecture.md, section 4):
                     modules; depth <= modules, or `mtp:DIR#recursive` to let the last module recurse)
 
 The drafters without a model or head are switched on here; head kinds are looked up in the registry.
-`Draft`, `Drafter`, `to_device` and `root_only` are re-exported from runtime/drafters/drafter.py for users'
-code.
+`Drafter` is re-exported from runtime/drafters/drafter.py for users' code.
 """
 
 from __future__ import annotations
 
 from draftsmith.runtime.core.errors import BadInputError
-from draftsmith.runtime.drafters.drafter import Draft, Drafter, param_ratio, root_only, to_device  # noqa: F401
+from draftsmith.runtime.drafters.drafter import Drafter  # noqa: F401 (re-exported)
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH  # noqa: F401 (re-exported)
 from draftsmith.runtime.verify.tree import TreeSpec, chain
@@ -63,23 +62,19 @@ def build_drafter(
     if spec == "ngram":
         from draftsmith.runtime.drafters.ngram import NgramDrafter
 
-        return NgramDrafter(tree)  # step_cost 0: a lookup, no model
+        return NgramDrafter(tree, device=target.device)  # step_cost 0: a lookup, no model
     if kind == "suffix":
         from draftsmith.runtime.drafters.suffix import SuffixDrafter
 
-        return SuffixDrafter(tree, spec)  # step_cost 0: a lookup, no model
+        return SuffixDrafter(tree, spec, target.device)  # step_cost 0: a lookup, no model
     if kind == "self" and sep:
-        from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+        from draftsmith.runtime.drafters.lm_drafter import lm_drafter
 
-        drafter = LMDrafter(target, tree, num_layers=_self_layers(spec, arg, target.num_layers))
-        drafter.step_cost = drafter.num_layers / target.num_layers
-        return drafter
+        return lm_drafter(target, tree, num_layers=_self_layers(spec, arg, target.num_layers))
     if kind == "model" and arg:
-        from draftsmith.runtime.drafters.lm_drafter import LMDrafter, load_draft_model
+        from draftsmith.runtime.drafters.lm_drafter import lm_drafter, load_draft_model
 
-        drafter = LMDrafter(load_draft_model(arg, target, device, dtype), tree)
-        drafter.step_cost = param_ratio(drafter.model.model, target)
-        return drafter
+        return lm_drafter(load_draft_model(arg, target, device, dtype), tree, target=target)
     found = head_kinds.draft_kind(spec)
     if found is not None:
         head_kind, arg = found

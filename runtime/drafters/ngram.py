@@ -15,15 +15,17 @@ Static trees of other shapes need per-node alternatives n-gram lookup does not r
 from __future__ import annotations
 
 from draftsmith.runtime.core.errors import BadInputError
-from draftsmith.runtime.drafters.drafter import Draft, Drafter, root_only
+from draftsmith.runtime.drafters.drafter import Drafter
+from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch, root_only
 from draftsmith.runtime.verify.tree import DynamicTree, Tree, TreeSpec
 
 
 class NgramDrafter(Drafter):
     name = "ngram"
 
-    def __init__(self, tree: TreeSpec, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, tree: TreeSpec, max_ngram: int = 3, min_ngram: int = 1, device="cpu"):
         super().__init__()
+        self.device = device  # where its DraftBatch goes (the target's)
         if isinstance(tree, Tree) and any(len(tree.children(i)) > 1 for i in range(tree.size)):
             raise BadInputError(
                 "--tree", "static tree", "chain:K or dynamic:depth=D,topk=K,tokens=N for ngram"
@@ -31,14 +33,14 @@ class NgramDrafter(Drafter):
         self.tree = tree
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, contexts: list[list[int]]) -> list[Draft]:
-        return [self._draft(ctx) for ctx in contexts]
+    def propose(self, contexts: list[list[int]], tree: TreeSpec) -> DraftBatch:
+        return DraftBatch.from_drafts([self.draft(ctx, tree) for ctx in contexts], self.device)
 
-    def _draft(self, ctx: list[int]) -> Draft:
-        if isinstance(self.tree, DynamicTree):
-            depth, branches, budget = self.tree.depth, self.tree.topk, self.tree.tokens
+    def draft(self, ctx: list[int], tree: TreeSpec) -> Draft:
+        if isinstance(tree, DynamicTree):
+            depth, branches, budget = tree.depth, tree.topk, tree.tokens
         else:
-            depth, branches, budget = self.tree.max_depth, 1, self.tree.size - 1
+            depth, branches, budget = tree.max_depth, 1, tree.size - 1
         continuations = lookup(ctx, depth, branches, self.max_ngram, self.min_ngram)
         return trie_draft(ctx[-1], continuations, budget)
 

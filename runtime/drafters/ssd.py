@@ -1,7 +1,7 @@
 """SSD in process (`--ssd`): pre-draft the next cycle for the predicted outcomes of this one, take the cached
 draft on a hit, draft normally on a miss.
 
-    drafter = SsdDrafter(lambda tree: LMDrafter(target, tree, num_layers=2), depth=3, budget=8)
+    drafter = SsdDrafter(lambda tree: lm_drafter(target, tree, num_layers=2), depth=3, budget=8)
     results = generate_speculative(target, drafter, prompts, params)     # the ordinary engine loop
     drafter.batch_metrics()[0]["hit_rate_per_position"]
 
@@ -43,8 +43,9 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.runtime.core.errors import BadInputError
-from draftsmith.runtime.drafters.drafter import Draft, Drafter
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+from draftsmith.runtime.drafters.drafter import Drafter
+from draftsmith.runtime.drafters.grower import ModelDrafter
+from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch
 from draftsmith.runtime.verify.ssd_fanout import (
     DEFAULT_EXPONENT,
     AcceptanceEstimate,
@@ -58,23 +59,20 @@ from draftsmith.runtime.verify.ssd_fanout import (
 from draftsmith.runtime.verify.tree import TreeSpec, chain
 
 RANKED = 32  # candidates ranked per position (the trace's ranks; a token past them reads -1)
-# inner-drafter attributes a snapshot shares instead of copying: weights, specs, random streams, counters
-SHARED = {"model", "head", "tree", "params", "generators", "_plans", "steps", "forwards", "static_slots"}
-
-
-def snapshot(drafter: Drafter) -> dict:
-    """A private copy of a drafter's per-batch state (caches, counters of cached tokens, the cycle's tree)."""
-    return {k: copy.deepcopy(v) for k, v in vars(drafter).items() if k not in SHARED}
-
-
-def adopt(drafter: Drafter, state: dict) -> None:
-    vars(drafter).update(state)
 
 
 @dataclass
 class Branch:
     draft: Draft  # the inner drafter's draft for this outcome
-    state: dict  # the inner drafter's state right after drafting it
+    state: object  # the inner drafter's state right after drafting it (Drafter.state)
+    fetched: list[int] | None  # the draft's `fetched` columns, for the inner drafter's commit
+
+
+def draft_one(inner: Drafter, ctx: list[int]) -> tuple[Draft, list[int] | None]:
+    """The inner drafter's draft for one row, on the host, with its `fetched` columns."""
+    batch = inner.propose([ctx], inner.tree)
+    fetched = None if batch.fetched is None else batch.fetched[0].tolist()
+    return batch.to_drafts()[0], fetched
 
 
 @dataclass
@@ -82,26 +80,18 @@ class Row:
     inner: Drafter
     ranked: list[list[int]] = field(default_factory=list)  # [a] candidates for the token after a accepted
     cache: dict[tuple[int, int], Branch] = field(default_factory=dict)
-    base: dict | None = None  # the inner state after the draft in flight (a miss resumes from it)
+    base: object = None  # the inner state after the draft in flight (a miss resumes from it)
     accepted: list[int] | None = None  # the verdict of the draft in flight, once committed
     features: torch.Tensor | None = None
     record: dict | None = None
     context: list[int] = field(default_factory=list)  # the context of the draft in flight
     full: Draft | None = None  # that draft as the inner drafter made it (K + 1 tokens for LM drafters)
+    fetched: list[int] | None = None  # its `fetched` columns
 
 
 def clone_factory(proto: Drafter) -> Callable[[TreeSpec], Drafter]:
-    """Inner drafters sharing one built drafter's weights: a shallow copy with its own tree (its per-batch
-    state is made by `start`)."""
-
-    def make(tree: TreeSpec) -> Drafter:
-        inner = copy.copy(proto)
-        inner.tree, inner.forwards = tree, 0
-        if hasattr(inner, "_plans"):
-            inner._plans = {}
-        return inner
-
-    return make
+    """Inner drafters sharing one built drafter's weights, each with its own tree (Drafter.fork)."""
+    return proto.fork
 
 
 def truncate(draft: Draft, depth: int) -> Draft:
@@ -145,7 +135,7 @@ class SsdDrafter(Drafter):
                 "feature heads read the target's features of accepted tokens, unknown before verification",
             )
         # LM drafters (and any drafter with `ranks_levels`) rank candidates on their per-level logits
-        self.has_laws = isinstance(probe, LMDrafter) or getattr(probe, "ranks_levels", False)
+        self.has_laws = isinstance(probe, ModelDrafter) or getattr(probe, "ranks_levels", False)
         self.inner_tree = chain(depth + 1) if self.has_laws else chain(depth)
         self.make_inner, self.depth, self.exponent = make_inner, depth, exponent
         self.tree = chain(depth)
@@ -156,7 +146,7 @@ class SsdDrafter(Drafter):
         self.rows: list[Row] = []
 
     # ---- the protocol ------------------------------------------------------------------------------------
-    def start(self, prompts, params, generators, features=None) -> None:
+    def start(self, prompts, params, generators, features=None, static_slots=None) -> None:
         if self.rows:
             self._metrics.append(self._batch_metrics())
             self._left_forwards += sum(row.inner.forwards for row in self.rows)
@@ -169,14 +159,17 @@ class SsdDrafter(Drafter):
             inner.start([prompt], params, None if generators is None else [generators[b]])
             self.rows.append(Row(inner))
 
-    def propose(self, contexts: list[list[int]]) -> list[Draft]:
-        """This cycle's drafts; in process, the next cycle's branches are drafted right away (a drafter
-        process sets `defer` and calls `speculate` after sending the drafts, while the target verifies)."""
+    def propose(self, contexts: list[list[int]], tree: TreeSpec | None = None) -> DraftBatch:
+        """This cycle's drafts (always a chain of `depth`); in process, the next cycle's branches are
+        drafted right away (a drafter process sets `defer` and calls `speculate` after sending the
+        drafts, while the target verifies)."""
         drafts = [self._propose_row(row, ctx) for row, ctx in zip(self.rows, contexts, strict=True)]
         if not self.defer:
             self.speculate()
         self.proposed_at = time.perf_counter()
-        return drafts
+        return DraftBatch.from_drafts(drafts, self.device)
+
+    device = "cpu"  # where its DraftBatch goes (the engine moves it to the target's device)
 
     def speculate(self, stop: Callable[[], bool] | None = None) -> None:
         """Draft the planned branches of every row, likeliest first; `stop()` (checked before each
@@ -188,7 +181,7 @@ class SsdDrafter(Drafter):
 
     defer = False
 
-    def commit(self, accepted: list[list[int]], features=None) -> None:
+    def commit(self, accepted: list[list[int]], features=None, fetched=None) -> None:
         verify_s = time.perf_counter() - self.proposed_at
         self.times["verify_s"] += verify_s
         for b, (row, acc) in enumerate(zip(self.rows, accepted, strict=True)):
@@ -218,18 +211,19 @@ class SsdDrafter(Drafter):
         start = time.perf_counter()
         branch = self._lookup(row, ctx) if row.accepted is not None else None
         if branch is not None:  # the draft is ready: the inner drafter continues from that branch
-            adopt(row.inner, branch.state)
-            full, draft_s = branch.draft, None
+            row.inner.restore(branch.state)
+            (full, fetched), draft_s = (branch.draft, branch.fetched), None
         else:
             if row.accepted is not None:  # a miss: back to the verified draft's state, then as usual
-                adopt(row.inner, row.base)
-                row.inner.commit([row.accepted], None if row.features is None else [row.features])
+                row.inner.restore(row.base)
+                features = None if row.features is None else [row.features]
+                row.inner.commit([row.accepted], features, [row.fetched])
             self._adjust(row)
-            full = row.inner.propose([ctx])[0]
+            full, fetched = draft_one(row.inner, ctx)
             draft_s = time.perf_counter() - start
             self.times["draft_s"] += draft_s
             self.times["drafts"] += 1
-        row.accepted, row.context, row.full = None, ctx, full
+        row.accepted, row.context, row.full, row.fetched = None, ctx, full, fetched
         row.ranked = self._ranked(row.inner, full, ctx)
         row.record = {"depth": self.depth, "rank": -1, "draft_s": draft_s, "hit": branch is not None}
         self.forwards = sum(row.inner.forwards for row in self.rows) + self._left_forwards
@@ -271,7 +265,7 @@ class SsdDrafter(Drafter):
         """Draft the next cycle for the planned outcomes; each branch forks a copy of the current state."""
         start = time.perf_counter()
         fan = geometric_fanout(self.budget, self.depth, self.estimate.alpha, self.exponent)
-        row.base = snapshot(row.inner)
+        row.base = copy.deepcopy(row.inner.state())
         inner = row.inner
         for a, rank in branch_order(fan, self.estimate.alpha):
             if rank >= len(row.ranked[a]):  # fewer candidates than planned (an impossible length)
@@ -279,11 +273,11 @@ class SsdDrafter(Drafter):
             if stop is not None and stop():
                 break
             token = row.ranked[a][rank]
-            adopt(inner, copy.deepcopy(row.base))
+            inner.restore(copy.deepcopy(row.base))
             self._adjust(row)
-            inner.commit([list(range(1, a + 1))], None)
-            draft = inner.propose([ctx + full.tokens[1 : a + 1] + [token]])[0]
-            row.cache[(a, token)] = Branch(draft, {k: v for k, v in vars(inner).items() if k not in SHARED})
+            inner.commit([list(range(1, a + 1))], None, [row.fetched])
+            draft, fetched = draft_one(inner, ctx + full.tokens[1 : a + 1] + [token])
+            row.cache[(a, token)] = Branch(draft, inner.state(), fetched)
         spec_s = time.perf_counter() - start
         self.times["spec_s"] += spec_s
         self.times["branches"] += len(row.cache)

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from draftsmith.runtime.core.errors import BadInputError
-from draftsmith.runtime.drafters.drafter import Draft, Drafter, root_only
+from draftsmith.runtime.drafters.drafter import Drafter
 from draftsmith.runtime.drafters.suffix_tree import ResponseCache, SpecLimits, SuffixTrie, speculate
+from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch, root_only
 from draftsmith.runtime.verify.tree import DynamicTree, Tree, TreeSpec
 
 DEFAULTS = {"depth": 24, "requests": 256, "tokens": 65536, "factor": 1.0, "offset": 0.0, "min_prob": 0.1}
@@ -76,8 +79,9 @@ def _value(spec: str, key: str, value: str):
 class SuffixDrafter(Drafter):
     name = "suffix"
 
-    def __init__(self, tree: TreeSpec, spec: str = "suffix"):
+    def __init__(self, tree: TreeSpec, spec: str = "suffix", device: torch.device | str = "cpu"):
         super().__init__()
+        self.device = device
         if isinstance(tree, Tree) and any(len(tree.children(i)) > 1 for i in range(tree.size)):
             raise BadInputError(
                 "--tree", "static tree", "chain:K or dynamic:depth=D,topk=K,tokens=N for suffix"
@@ -90,15 +94,15 @@ class SuffixDrafter(Drafter):
         self.prompts: list[list[int]] = []
         self.seen: list[list[int]] = []  # per row the context of the last proposal (the response to cache)
 
-    def limits(self) -> SpecLimits:
-        o, tree = self.options, self.tree  # the load-aware policy may swap the tree between cycles
+    def limits(self, tree: TreeSpec) -> SpecLimits:
+        o = self.options  # the budget (the load-aware policy's chain, say) may change between cycles
         if isinstance(tree, DynamicTree):
             nodes, depth, branches = tree.tokens, tree.depth, tree.topk
         else:
             nodes, depth, branches = tree.size - 1, tree.max_depth, 1
         return SpecLimits(nodes, depth, branches, o["factor"], o["offset"], o["min_prob"])
 
-    def start(self, prompts, params, generators, features=None) -> None:
+    def start(self, prompts, params, generators, features=None, static_slots=None) -> None:
         super().start(prompts, params, generators, features)
         self._finish(range(len(self.tries)))  # the previous batch's rows that ended together
         self.prompts = [list(p) for p in prompts]
@@ -111,10 +115,11 @@ class SuffixDrafter(Drafter):
             trie.extend(prompt)
             self.tries.append(trie)
 
-    def propose(self, contexts: list[list[int]]) -> list[Draft]:
-        limits = self.limits()
+    def propose(self, contexts: list[list[int]], tree: TreeSpec) -> DraftBatch:
+        limits = self.limits(tree)
         self.seen = contexts
-        return [self._draft(trie, ctx, limits) for trie, ctx in zip(self.tries, contexts, strict=True)]
+        drafts = [self._draft(trie, ctx, limits) for trie, ctx in zip(self.tries, contexts, strict=True)]
+        return DraftBatch.from_drafts(drafts, self.device)
 
     def _draft(self, trie: SuffixTrie, ctx: list[int], limits: SpecLimits) -> Draft:
         trie.extend(ctx[trie.length :])  # the tokens committed since the last cycle

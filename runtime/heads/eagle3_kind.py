@@ -91,14 +91,11 @@ class Eagle3Section(CotrainSection):
 
 
 def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    from draftsmith.runtime.drafters.drafter import param_ratio
-    from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+    from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
     from draftsmith.runtime.heads.layouts import load_eagle3
 
     head = load_eagle3(arg, target).to(device=target.device, dtype=target.dtype)
-    drafter = Eagle3Drafter(head, target, tree)
-    drafter.step_cost = param_ratio(head, target)
-    return drafter
+    return eagle3_drafter(head, target, tree)
 
 
 def read_any(folder: str, target=None) -> Eagle3Head:

@@ -92,19 +92,12 @@ def _folder_and_option(arg: str) -> tuple[str, bool]:
 
 
 def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    from draftsmith.runtime.drafters.drafter import count_params, param_ratio
-    from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+    from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
     from draftsmith.runtime.heads.mtp import load_head
 
     folder, recursive = _folder_and_option(arg)
     head = load_head(folder, target).to(device=target.device, dtype=target.dtype)
-    drafter = MtpDrafter(head, target, tree, recursive=recursive)
-    # a module's own weights, plus the target's LM head it drafts through (MTP shares it)
-    lm_head = target.model.get_output_embeddings().weight.numel()
-    drafter.step_cost = param_ratio(head, target) / head.config.num_modules + lm_head / count_params(
-        target.model
-    )
-    return drafter
+    return mtp_drafter(head, target, tree, recursive=recursive)
 
 
 def default_depth(arg: str) -> int | None:

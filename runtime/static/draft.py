@@ -1,20 +1,21 @@
 """Draft steps on the GPU engine path: drafters' forwards on static KV caches, graphed per shape.
 
-    steps = eagle3_steps(head, target, batch=4, capacity=1024)   # reused by later batches of this key
+    steps = eagle3_steps(head, target, batch=4, capacity=1024, sessions={})  # later batches replay it
     feature, logits = steps("pending", ids, aux, positions, last, valid=valid, tree_mask=causal)
     feature, logits = steps("level", ids, parent_feature, positions, valid=ones, tree_mask=mask)
 
-    steps = mtp_steps(mtp_head, target, batch, capacity)          # one static cache per module
+    steps = mtp_steps(mtp_head, target, batch, capacity, sessions)  # one static cache per module
     h = steps(m, ids, feature, positions, valid=valid, tree_mask=mask)
-    steps = lm_steps(draft_model, num_layers, batch, capacity)    # self:layers=N and model:X
+    steps = lm_steps(draft_model, num_layers, batch, capacity, sessions)  # self:layers=N, model:X
     hidden = steps(0, ids, positions, valid=valid, tree_mask=mask)
 
-The drafters (eagle3_drafter.py, mtp_drafter.py, lm_drafter.py) call these instead of their models'
-`forward` when the engine runs static (`generate --cuda-graphs`, bench `+graphs`). Like the target's
-verification (runtime/static/forward.py), nothing inside a step depends on a host value: K/V go to
-device slot ids, the mask covers the whole capacity, gathers happen on the device; so each step and
-shape is captured once as a CUDA graph and replayed. A chain's levels all have one shape ([B, 1] with a
-[B, 1, 1] mask: every earlier valid slot is an ancestor), so any depth replays one graph per level;
+The step models (eagle3_drafter.py, mtp_drafter.py, lm_drafter.py) choose these over their models'
+`forward` once per batch when the engine runs static (`generate --cuda-graphs`, bench `+graphs`). Like
+the target's verification (runtime/static/forward.py), nothing inside a step depends on a host value:
+K/V go to device slot ids, the mask covers the whole capacity, gathers happen on the device; so each
+step and shape is captured once as a CUDA graph and replayed. A chain's levels all have one shape
+([B, 1] with a [B, 1, 1] mask: every earlier valid slot is an ancestor), so any depth replays one
+graph per level;
 tree levels also see their cycle's earlier draft slots through a [B, F, W] mask (slot_mask, W > T).
 
 Outputs are the graphs' buffers, overwritten by the next replay of their step and shape: callers copy
@@ -59,18 +60,17 @@ class StaticSteps:
         return self
 
 
-def _session(owner, key: tuple, capacity: int, build: Callable[[int], StaticSteps]) -> StaticSteps:
-    """The owner's steps for `key` and at least `capacity` slots (`capacity_bucket`), reset; later
-    batches of the same key replay the graphs the first captured, as a server captures once. Kept on the
-    owner (a cycle the garbage collector frees with it)."""
+def _session(sessions: dict, key: tuple, capacity: int, build: Callable[[int], StaticSteps]) -> StaticSteps:
+    """The steps for `key` and at least `capacity` slots (`capacity_bucket`), reset; later batches of the
+    same key replay the graphs the first captured, as a server captures once. `sessions` is the step
+    model's own (runtime/drafters: each holds its graphs)."""
     bucket = capacity_bucket(capacity)
-    sessions = owner.__dict__.setdefault("static_steps", {})
     if (*key, bucket) not in sessions:
         sessions[(*key, bucket)] = build(bucket)
     return sessions[(*key, bucket)].reset()
 
 
-def eagle3_steps(head, target, batch: int, capacity: int) -> StaticSteps:
+def eagle3_steps(head, target, batch: int, capacity: int, sessions: dict) -> StaticSteps:
     """EAGLE-3: "pending" forwards (token t+1, target feature t) pairs -> (root's next_feature [B, H],
     draft logits after the root [B, V]); "level" forwards drafted nodes -> ([B, F, H], [B, F, V])."""
 
@@ -87,10 +87,10 @@ def eagle3_steps(head, target, batch: int, capacity: int) -> StaticSteps:
         cache = head.new_cache(batch, bucket, cache_class=StaticKVCache)
         return StaticSteps({"pending": cache, "level": cache}, run, target.device)
 
-    return _session(head, (batch,), capacity, build)
+    return _session(sessions, (batch,), capacity, build)
 
 
-def mtp_steps(head, target, batch: int, capacity: int) -> StaticSteps:
+def mtp_steps(head, target, batch: int, capacity: int, sessions: dict) -> StaticSteps:
     """MTP: step m runs module m on its own cache -> its output [B, T, H]."""
 
     def run(module, ids, feature, positions, cache, mask):
@@ -103,10 +103,10 @@ def mtp_steps(head, target, batch: int, capacity: int) -> StaticSteps:
         }
         return StaticSteps(caches, run, target.device)
 
-    return _session(head, (batch,), capacity, build)
+    return _session(sessions, (batch,), capacity, build)
 
 
-def lm_steps(model, num_layers: int | None, batch: int, capacity: int) -> StaticSteps:
+def lm_steps(model, num_layers: int | None, batch: int, capacity: int, sessions: dict) -> StaticSteps:
     """A draft LM (or the target's first `num_layers` layers): step 0 -> pre-norm hidden [B, T, H]."""
     layers = num_layers or model.num_layers
 
@@ -117,4 +117,4 @@ def lm_steps(model, num_layers: int | None, batch: int, capacity: int) -> Static
         cache = model.new_cache(batch, bucket, layers, cache_class=StaticKVCache)
         return StaticSteps({0: cache}, run, model.device)
 
-    return _session(model, (batch, layers), capacity, build)
+    return _session(sessions, (batch, layers), capacity, build)

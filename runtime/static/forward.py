@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -229,15 +228,6 @@ class GraphedForward:
         )
 
 
-_SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {shape key: GraphedForward}
-
-
-def drop_sessions(target: Target) -> None:
-    """Forget this target's captured graphs (they replay the kernels chosen at capture, so a change of
-    attention function must not reuse them)."""
-    _SESSIONS.pop(target, None)
-
-
 def capacity_bucket(capacity: int) -> int:
     """Static caches come in powers of two >= 256 slots, so batches of nearby lengths share one session
     (its buffers and graphs)."""
@@ -252,7 +242,7 @@ def static_session(
     replay the graphs captured by the first, as a server captures once at start-up, so capture time is
     not paid per request."""
     bucket = capacity_bucket(capacity)
-    sessions = _SESSIONS.setdefault(target, {})
+    sessions = target.graph_sessions
     key = (batch, bucket, tuple(capture_layers))
     if key not in sessions:
         sessions[key] = GraphedForward(

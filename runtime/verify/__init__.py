@@ -1,7 +1,8 @@
 """Draft trees, sampling and acceptance: the pure math of lossless verification (imports only torch).
 
 - trees: `tree` (parents and depths; the functions verification needs), `draft_tree` (one cycle's tree
-  per row, on the device);
+  per row, grown on the device), `draft_batch` (the cycle's drafts as the device tensors verification
+  and acceptance read, and the host `Draft`);
 - sampling and acceptance: `sampling` (temperature, top-k/p), `acceptance` (greedy and exact
   rejection-sampling rules over a tree), `batch_accept` (the whole batch in one kernel call), `near_tie`
   (greedy identity up to near-ties for bf16/GPU runs);

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from draftsmith.runtime.drafters.drafting import Draft
 from draftsmith.runtime.verify.acceptance import accept_greedy, accept_sampled, generator_coin, generator_draw
-from draftsmith.runtime.verify.batch_accept import accept_batch
+from draftsmith.runtime.verify.batch_accept import accept_batch, fetch
+from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch
 from draftsmith.runtime.verify.sampling import SamplingParams, logits_to_probs, make_generators
 from draftsmith.runtime.verify.tree import parse_tree_spec
 
@@ -91,11 +91,16 @@ def main() -> None:
                 drafts = drafts_for(spec, batch, logits, sampled=temperature > 0)
                 gens = None if params.greedy else make_generators(0, list(range(batch)), device)
                 case = (drafts, logits, params, gens)
-                per_row(*case), accept_batch(*case)  # warm-up
+                batch_case = (DraftBatch.from_drafts(drafts, device), logits, params, gens)
+
+                def batched_step(c=batch_case):  # acceptance and the cycle's one host transfer
+                    return fetch(c[0], accept_batch(*c))
+
+                per_row(*case), batched_step()  # warm-up
                 walk, batched = [], []
                 for _ in range(args.repeats):  # interleaved
                     walk += timed(lambda c=case: per_row(*c), device, 1)
-                    batched += timed(lambda c=case: accept_batch(*c), device, 1)
+                    batched += timed(batched_step, device, 1)
                 w, n = statistics.median(walk), statistics.median(batched)
                 print(f"| {temperature:g} | {batch} | {spec} | {w:.3f} | {n:.3f} | {n / w:.2f} |")
 

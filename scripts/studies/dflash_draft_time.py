@@ -3,8 +3,9 @@ embedded SmolLM2-135M, next to the target's 1-token and 16-token forwards at the
 
     OMP_NUM_THREADS=1 python scripts/studies/dflash_draft_time.py [--layers 1 2] [--cycles 30]
 
-A cycle is what `DFlashDrafter.propose` does: project the 3 features committed since the last cycle into
-the context cache, then one forward of the block [root, 15 masks] and the LM head over its 15 positions.
+A cycle is what the DFlash drafter's `propose` does: project the 3 features committed since the last
+cycle into the context cache, then one forward of the block [root, 15 masks] and the LM head over its 15
+positions.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ def draft_times(target, features, prompt, layers: int, cycles: int) -> tuple[flo
     head = DFlashHead(config).init_from_target(target).eval()
     drafter = dflash_drafter(target, head, "chain:15")
     drafter.start([prompt], SamplingParams(), None, [features])
-    drafter.propose([prompt + [5]])  # warm-up, and the prompt's context
+    drafter.propose([prompt + [5]], drafter.tree)  # warm-up, and the prompt's context
     times = []
     for _ in range(cycles):
         drafter.commit([[1, 2]], [features[:3]])  # the root and two accepted tokens join the context
         start = time.perf_counter()
-        drafter.propose([prompt + [5]])
+        drafter.propose([prompt + [5]], drafter.tree)
         times.append(time.perf_counter() - start)
     return median(times), sum(p.numel() for p in head.parameters())
 

@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 python scripts/studies/medusa_rows_timing.py [--repeats 300] [--threads 1]
 
 The embedded target (SmolLM2-135M, fp32, CPU), 3 heads of one block, a draft vocabulary of 8192 random
-ids, batch 1: one cycle is `heads.logits(target, heads(h))`, what MedusaDrafter.head_logits runs. The two
+ids, batch 1: one cycle is `heads.logits(target, heads(h))`, what MedusaSteps.pending runs. The two
 variants alternate in blocks of cycles (the machine's load falls on both alike); prints medians and
 p10/p90 per cycle.
 """

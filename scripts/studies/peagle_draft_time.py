@@ -16,8 +16,8 @@ import torch
 
 from draftsmith.runtime.core.engine import prefill_features
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.drafters.peagle_drafter import PEagleDrafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+from draftsmith.runtime.drafters.peagle_drafter import peagle_drafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.peagle import PEagleConfig, PEagleHead
 from draftsmith.runtime.verify.sampling import SamplingParams
@@ -51,9 +51,9 @@ def bench(batch, rounds=40):
         if kind == "target":
             continue
         d = (
-            Eagle3Drafter(e3, t, parse_tree_spec(spec))
+            eagle3_drafter(e3, t, parse_tree_spec(spec))
             if kind == "eagle3"
-            else PEagleDrafter(pe, t, parse_tree_spec(spec))
+            else peagle_drafter(pe, t, parse_tree_spec(spec))
         )
         d.start(prompts, SamplingParams(), None, feats)
         state[kind, spec] = [d, [p + [5] for p in prompts], []]
@@ -61,7 +61,7 @@ def bench(batch, rounds=40):
     for r in range(rounds + 3):
         for key, (d, ctx, times) in state.items():
             t0 = time.perf_counter()
-            d.propose(ctx)
+            d.propose(ctx, d.tree)
             dt = time.perf_counter() - t0
             if r >= 3:
                 times.append(dt)

@@ -20,7 +20,7 @@ from draftsmith.runtime.core.kernel_attention import use_kernel_attention
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.static.forward import _SESSIONS, static_session
+from draftsmith.runtime.static.forward import static_session
 from draftsmith.runtime.verify.acceptance import accept_greedy, accept_sampled
 from draftsmith.runtime.verify.tree import ancestor_mask, parse_tree_spec
 
@@ -385,7 +385,7 @@ def test_target_forward_with_kernel_attention_equals_sdpa(request, monkeypatch, 
     monkeypatch.setattr(kernels, name, lambda *a: calls.append(1) or real(*a))
     static_session(target, 1, 16)  # graphs captured now would replay SDPA: switching must drop them
     use_kernel_attention(target, backend)
-    assert target not in _SESSIONS
+    assert not target.graph_sessions
     try:
         got = tree_step_logits(target)
     finally:

@@ -21,8 +21,9 @@ from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
-from draftsmith.runtime.drafters.dflash_drafter import DFlashDrafter, dflash_drafter
+from draftsmith.runtime.drafters.dflash_drafter import DFlashSteps, dflash_drafter
 from draftsmith.runtime.drafters.drafting import build_drafter
+from draftsmith.runtime.drafters.grower import ModelDrafter
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.dflash import DFlashHead, block_mask
 from draftsmith.runtime.heads.dflash_layout import load_dflash
@@ -86,21 +87,22 @@ def test_cached_context_equals_a_fresh_forward(tiny_target):
 
     prompts = [[5, 6, 7, 8, 9], [10, 11]]
     context = [[feats(5)], [feats(2)]]
-    drafter = DFlashDrafter(head, tiny_target, chain(3))
+    drafter = ModelDrafter(DFlashSteps(head, tiny_target, head.config.block_size), chain(3), "dflash")
     drafter.start(prompts, GREEDY, None, [c[0] for c in context])
-    drafter.block_logits([20, 21])
+    drafter.propose([p + [r] for p, r in zip(prompts, [20, 21])], chain(3))
     committed, skipped = [feats(3), feats(1)], [feats(1), feats(1)]
     drafter.commit([[1, 2], []], committed)
     drafter.skip(skipped)
-    got = drafter.block_logits([30, 31])  # [D, B, V]
+    drafter.propose([[0] * 9 + [30], [0] * 4 + [31]], chain(3))
+    got = drafter.steps.block_logits.transpose(0, 1)  # [D, B, V]
     for b, root in enumerate([30, 31]):
         whole = torch.cat([context[b][0], committed[b], skipped[b]])  # [C, A*H]
         n = len(whole)
         k, v = head.context_kv(head.fuse(whole[None]), torch.arange(n)[None])
-        block = torch.full((1, drafter.block), head.config.mask_token_id)
+        block = torch.full((1, drafter.steps.block), head.config.mask_token_id)
         block[0, 0] = root
-        mask = block_mask(torch.ones(1, n, dtype=torch.bool), drafter.block)
-        h = head(tiny_target.embed(block), n + torch.arange(drafter.block)[None], k, v, mask)
+        mask = block_mask(torch.ones(1, n, dtype=torch.bool), drafter.steps.block)
+        h = head(tiny_target.embed(block), n + torch.arange(drafter.steps.block)[None], k, v, mask)
         assert_float64_equal(got[:, b], head.target_logits(h[0, 1:4]))
 
 
@@ -120,7 +122,7 @@ def test_smaller_block_and_deeper_tree_than_block(tiny_target, folder, plain):
     drafter = build_drafter(
         f"dflash:{folder}#block=4", tiny_target, head_kinds.parse_tree("dflash:x", "chain:3")
     )
-    assert drafter.block == 4
+    assert drafter.steps.block == 4
     assert_identical(generate_speculative(tiny_target, drafter, PROMPTS, GREEDY, 16), plain)
     for spec, tree, says in [
         (f"dflash:{folder}#block=1", "chain:1", "in \\[2, 8\\]"),

@@ -56,7 +56,9 @@ def test_sampling_law_is_the_targets(target, heads, law, tree, which):
     counts, accepted = first_tokens(target, drafter)
     stat, threshold = chi_square(counts, law, N)
     assert stat < threshold, f"{tree} ({which}): chi2 {stat:.1f} >= {threshold:.1f}"
-    assert drafter.samples_children() == (tree == "chain:3")  # a chain draws from q_d, trees take top-k
+    assert drafter.samples_children(drafter.tree) == (
+        tree == "chain:3"
+    )  # a chain draws from q_d, trees take top-k
     if which == "trained":
         assert accepted > 0.2, f"{tree}: only {accepted:.2f} of the tokens came from accepted drafts"
 

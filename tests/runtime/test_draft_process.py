@@ -23,7 +23,7 @@ from draftsmith.runtime.drafters.draft_process import (
     check_draft_device,
     check_process_spec,
 )
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter
 from draftsmith.runtime.drafters.ssd import SsdDrafter
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain
@@ -61,7 +61,7 @@ def test_sampled_remote_equals_in_process(tiny_target, tiny_dir):
     params = SamplingParams(temperature=1.5, top_k=5)
     config = DraftConfig(str(tiny_dir), "self:layers=1", 2, 5, interrupt=False)  # all branches: reproducible
     remote, _ = run_remote(tiny_target, config, params)
-    local = SsdDrafter(lambda tree: LMDrafter(tiny_target, tree, num_layers=1), 2, 5)
+    local = SsdDrafter(lambda tree: lm_drafter(tiny_target, tree, num_layers=1), 2, 5)
     here = generate_speculative(tiny_target, local, PROMPTS, params, 20, seed=3)
     assert [r.token_ids for r in remote] == [r.token_ids for r in here]
     assert [r.accepted_lengths for r in remote] == [r.accepted_lengths for r in here]
@@ -72,12 +72,12 @@ class DyingDrafter(RemoteDrafter):
 
     cycles = 0
 
-    def propose(self, contexts):
+    def propose(self, contexts, tree=None):
         self.cycles += 1
         if self.cycles == 3 and self.process is not None:
             self.process.kill()
             self.process.wait()
-        return super().propose(contexts)
+        return super().propose(contexts, tree)
 
 
 def test_dying_drafter_is_a_clear_error(tiny_target, tiny_dir):
@@ -87,7 +87,7 @@ def test_dying_drafter_is_a_clear_error(tiny_target, tiny_dir):
 
 def test_dying_drafter_falls_back_in_process(tiny_target, tiny_dir, plain):
     def fallback():
-        return LMDrafter(tiny_target, chain(2), num_layers=1)
+        return lm_drafter(tiny_target, chain(2), num_layers=1)
 
     results, metrics = run_remote(
         tiny_target,

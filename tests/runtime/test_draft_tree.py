@@ -1,14 +1,12 @@
 """The device-side draft tree (runtime/verify/draft_tree.py): masks equal the tree's ancestor relation, scores
-accumulate, one host transfer returns everything exactly; and the drafters' device-grown dynamic trees
-equal EAGLE-2's definition computed on the host (expand the top-k frontier by cumulative log-probability,
-keep the best `tokens` candidates)."""
+accumulate, the DraftBatch it makes carries ids, parents, depths, ancestors and slots exactly; and the
+grower's device-grown dynamic trees equal EAGLE-2's definition computed on the host (expand the top-k
+frontier by cumulative log-probability, keep the best `tokens` candidates)."""
 
 import pytest
 import torch
-from tiny_models import tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
+from draftsmith.runtime.drafters.grower import ModelDrafter
 from draftsmith.runtime.verify.draft_tree import CycleTree
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import ancestor_mask, best_subtree, parse_tree_spec
@@ -40,34 +38,40 @@ def test_masks_are_the_ancestor_relation_over_forwarded_slots(spec):
         assert torch.equal(mask[0], mask[1])
 
 
-def test_scores_accumulate_and_the_host_copy_is_exact():
+def test_scores_accumulate_and_the_batch_is_exact():
     tree = parse_tree_spec("static:binary-3")
     cycle = grow_in_level_order(tree)
     cycle.forward_mask(0, torch.tensor([[1, 2]] * 2))
-    tokens, parents, scores, columns = cycle.to_host()
-    assert tokens[1] == [6] + [100 + n for n in range(1, tree.size)]
-    assert parents[0] == list(tree.parents)
-    assert scores[0] == [-0.5 * d for d in tree.depths]
-    assert columns == {0: [[1, 2], [1, 2]]}
+    assert torch.equal(cycle.scores[0], torch.tensor([-0.5 * d for d in tree.depths]))
+    kept = torch.arange(tree.size).expand(2, -1)
+    batch = cycle.draft_batch(kept, [tree.size] * 2, tree.max_depth, slots_of=0)
+    assert batch.tokens[1].tolist() == [6] + [100 + n for n in range(1, tree.size)]
+    assert batch.parents[0].tolist() == list(tree.parents)
+    assert batch.depths[0].tolist() == list(tree.depths)
+    assert torch.equal(batch.ancestors[0], ancestor_mask(tree))
+    assert batch.fetched[0].tolist() == [-1, 0, 1] + [-1] * (tree.size - 3)  # nodes 1, 2 forwarded, in order
     big = CycleTree(torch.tensor([49151]), 2)
     big.add(torch.tensor([[0]]), torch.tensor([[151_646]]), torch.tensor([[-1e-7]]))
-    assert big.to_host()[0] == [[49151, 151_646]] and big.to_host()[2][0][1] == torch.tensor(-1e-7).item()
+    assert big.draft_batch(torch.tensor([[0, 1]]), [2], 1).to_drafts()[0].tokens == [49151, 151_646]
     with pytest.raises(ValueError, match="draft tree full"):
         big.add(torch.tensor([[0]]), torch.tensor([[1]]))
 
 
-class TableDrafter(LMDrafter):
-    """Logits from a fixed table indexed by candidate id: the tree it grows is fully determined."""
+class TableSteps:
+    """Logits from a fixed table indexed by candidate id: the tree the grower grows is fully determined."""
 
-    def __init__(self, target, tree, table):
-        super().__init__(target, tree, num_layers=1)
+    slots, capture_layers, device, forwards = None, (), torch.device("cpu"), 0
+
+    def __init__(self, table):
         self.table = table  # [B, N, V]
 
-    def _forward_pending(self, contexts):
-        self.pending_counts = [1] * len(contexts)
-        return self.table[:, 0], [len(c) - 1 for c in contexts]
+    def start(self, prompts, features=None, static_slots=None):
+        self.state = None
 
-    def _forward_level(self, level):
+    def pending(self, contexts, tree):
+        return self.table[:, 0], torch.tensor([[len(c) - 1] for c in contexts])
+
+    def level(self, cycle, level):
         return self.table.gather(1, level.nodes[..., None].expand(-1, -1, self.table.shape[-1]))
 
 
@@ -91,15 +95,14 @@ def eagle2_on_the_host(table_row: torch.Tensor, depth: int, topk: int, tokens: i
 
 @pytest.mark.parametrize("spec", ["dynamic:depth=3,topk=2,tokens=6", "dynamic:depth=4,topk=3,tokens=10"])
 def test_device_grown_dynamic_trees_equal_eagle2_on_the_host(spec):
-    target = Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
     tree_spec = parse_tree_spec(spec)
     size = 1 + tree_spec.topk + (tree_spec.depth - 1) * tree_spec.topk**2
     g = torch.Generator().manual_seed(0)
     table = torch.randn(3, size, 40, generator=g) * 3
     table[2, :, :5] = 1.0  # ties: equal logits, so equal scores between siblings and cousins
-    drafter = TableDrafter(target, tree_spec, table)
+    drafter = ModelDrafter(TableSteps(table), tree_spec, "table")
     drafter.start([[1, 2]] * 3, SamplingParams(), None)
-    drafts = drafter.propose([[1, 2, 3]] * 3)
+    drafts = drafter.propose([[1, 2, 3]] * 3, tree_spec).to_drafts()
     for b, draft in enumerate(drafts):
         tree, tokens = eagle2_on_the_host(table[b], tree_spec.depth, tree_spec.topk, tree_spec.tokens)
         assert draft.tree == tree and draft.tokens == [3, *tokens]

@@ -14,7 +14,7 @@ from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain, prefill_features
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec, path_to
@@ -46,7 +46,7 @@ PROMPTS = random_prompts(5)
 @pytest.mark.parametrize("spec", TREES)
 def test_greedy_identity(target, head, spec, batch_size):
     plain = generate_plain(target, PROMPTS, GREEDY, 20)
-    drafter = Eagle3Drafter(head, target, parse_tree_spec(spec))
+    drafter = eagle3_drafter(head, target, parse_tree_spec(spec))
     results = generate_speculative(target, drafter, PROMPTS, GREEDY, 20, batch_size=batch_size)
     assert [r.token_ids for r in results] == [r.token_ids for r in plain]
     assert all(r.draft_forwards > 0 for r in results)
@@ -57,7 +57,7 @@ def test_seeded_sampling_does_not_depend_on_batch_size(target, head, spec):
     params = SamplingParams(temperature=0.9)
     runs = [
         generate_speculative(
-            target, Eagle3Drafter(head, target, parse_tree_spec(spec)), PROMPTS, params, 16, 3, b
+            target, eagle3_drafter(head, target, parse_tree_spec(spec)), PROMPTS, params, 16, 3, b
         )
         for b in (1, 5)
     ]
@@ -73,7 +73,7 @@ def test_head_cache_after_commits_equals_a_fresh_forward(target, head, skipped):
     layers = tuple(head.config.aux_layer_ids)
     prompts = PROMPTS[:3]
     _, _, features = prefill_features(target, prompts, 8, layers)
-    drafter = Eagle3Drafter(head, target, parse_tree_spec("dynamic:depth=3,topk=2,tokens=6"))
+    drafter = eagle3_drafter(head, target, parse_tree_spec("dynamic:depth=3,topk=2,tokens=6"))
     drafter.start(prompts, GREEDY, None, features)
     contexts = [p + [7] for p in prompts]
     all_feats = [f.clone() for f in features]
@@ -85,7 +85,7 @@ def test_head_cache_after_commits_equals_a_fresh_forward(target, head, skipped):
                 all_feats[b] = torch.cat([all_feats[b], new_feats[b]])
             drafter.skip(new_feats)
             continue
-        drafts = drafter.propose(contexts)
+        drafts = drafter.propose(contexts, drafter.tree).to_drafts()
         accepted, new_feats = [], []
         for b, draft in enumerate(drafts):
             leaf = draft.tree.leaves[(b + cycle) % len(draft.tree.leaves)]
@@ -95,7 +95,7 @@ def test_head_cache_after_commits_equals_a_fresh_forward(target, head, skipped):
             contexts[b] = contexts[b] + [draft.tokens[n] for n in nodes] + [9 + b]
             all_feats[b] = torch.cat([all_feats[b], new_feats[-1]])
         drafter.commit(accepted, new_feats)
-    drafter.propose(contexts)
+    drafter.propose(contexts, drafter.tree)
     for b, ctx in enumerate(contexts):
         n = all_feats[b].shape[0]
         assert n == len(ctx) - 1  # one target feature per committed token but the root
@@ -105,7 +105,7 @@ def test_head_cache_after_commits_equals_a_fresh_forward(target, head, skipped):
         # PARITY in fp32 (tests/tolerances.py): the cached drafter and a fresh forward sum in other orders
         # (fc over 3 hidden, then the head's layers over up to 32 positions), at the outputs' scale
         sums = 3 * 64 + head.config.num_layers * layer_accumulations(64, 128, seq=32)
-        assert_rounding_close(drafter.root_feature[b], want, sums)
+        assert_rounding_close(drafter.steps.root_feature[b], want, sums)
 
 
 def test_cli_loads_a_head_folder(tiny_dir, tmp_path, capsys):
@@ -126,62 +126,62 @@ def test_cli_loads_a_head_folder(tiny_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=1.0)], ids=["greedy", "sampled"])
-def test_trees_move_tokens_to_the_host_once_per_cycle(target, head, params, monkeypatch):
-    """Chains, branching static trees and dynamic trees are drafted on the device (one `tolist` per
-    proposal, not one per level) by the EAGLE-3, LM and MTP drafters (stacked modules and a recursing
-    one): tokens, parents, scores and masks stay there until the cycle's end, and no tensor is built on
-    the host inside a level (on CUDA its copy would wait for the queued kernels)."""
-    from draftsmith.runtime.drafters.lm_drafter import LMDrafter
-    from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+def test_trees_stay_on_the_device_through_the_proposal(target, head, params, monkeypatch):
+    """Chains, branching static trees and dynamic trees are drafted on the device by the EAGLE-3, LM and
+    MTP step models (stacked modules and a recursing one) and leave as a DraftBatch: no value reaches
+    the host during a proposal (tests/host_syncs.py), and no tensor is built on the host inside a level
+    (on CUDA its copy would wait for the queued kernels)."""
+    from host_syncs import host_syncs
+
+    from draftsmith.runtime.drafters.lm_drafter import lm_drafter
+    from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
     from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
     from draftsmith.runtime.verify.sampling import make_generators
 
     torch.manual_seed(0)
     mtp2 = MtpHead(MtpConfig.for_target(target, num_modules=2)).eval()
     prompts = PROMPTS[:3]
-    calls = []
-    real = torch.Tensor.tolist
     for make, spec in [
-        (lambda t: Eagle3Drafter(head, target, t), "chain:4"),
-        (lambda t: LMDrafter(target, t, num_layers=1), "chain:4"),
-        (lambda t: MtpDrafter(mtp2, target, t), "chain:2"),
-        (lambda t: MtpDrafter(mtp2, target, t, recursive=True), "chain:4"),
-        (lambda t: Eagle3Drafter(head, target, t), "static:binary-3"),
-        (lambda t: LMDrafter(target, t, num_layers=1), "static:wide-4"),
-        (lambda t: LMDrafter(target, t, num_layers=1, children="sample"), "static:binary-3"),
-        (lambda t: MtpDrafter(mtp2, target, t, recursive=True), "static:binary-3"),
-        (lambda t: LMDrafter(target, t, num_layers=1), "dynamic:depth=3,topk=2,tokens=6"),
-        (lambda t: Eagle3Drafter(head, target, t), "dynamic:depth=4,topk=3,tokens=8"),
-        (lambda t: MtpDrafter(mtp2, target, t, recursive=True), "dynamic:depth=3,topk=2,tokens=6"),
+        (lambda t: eagle3_drafter(head, target, t), "chain:4"),
+        (lambda t: lm_drafter(target, t, num_layers=1), "chain:4"),
+        (lambda t: mtp_drafter(mtp2, target, t), "chain:2"),
+        (lambda t: mtp_drafter(mtp2, target, t, recursive=True), "chain:4"),
+        (lambda t: eagle3_drafter(head, target, t), "static:binary-3"),
+        (lambda t: lm_drafter(target, t, num_layers=1), "static:wide-4"),
+        (lambda t: lm_drafter(target, t, num_layers=1, children="sample"), "static:binary-3"),
+        (lambda t: mtp_drafter(mtp2, target, t, recursive=True), "static:binary-3"),
+        (lambda t: lm_drafter(target, t, num_layers=1), "dynamic:depth=3,topk=2,tokens=6"),
+        (lambda t: eagle3_drafter(head, target, t), "dynamic:depth=4,topk=3,tokens=8"),
+        (lambda t: mtp_drafter(mtp2, target, t, recursive=True), "dynamic:depth=3,topk=2,tokens=6"),
     ]:
-        drafter = make(parse_tree_spec(spec))
+        tree = parse_tree_spec(spec)
+        drafter = make(tree)
         _, _, features = prefill_features(target, prompts, 8, drafter.capture_layers)
         gens = None if params.greedy else make_generators(0, [0, 1, 2])
         drafter.start(prompts, params, gens, features)
         built = counting_host_tensors_in_levels(drafter, monkeypatch)
-        monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or real(self))
-        drafts = drafter.propose([p + [7] for p in prompts])
-        monkeypatch.setattr(torch.Tensor, "tolist", real)
+        with host_syncs() as syncs:
+            batch = drafter.propose([p + [7] for p in prompts], tree)
+        drafts = batch.to_drafts()
         assert all(len(d.tokens) == d.tree.size and min(d.tokens) >= 0 for d in drafts)
-        assert len(calls) == 1, (spec, len(calls))
+        assert sum(syncs.values()) == 0, (spec, syncs)
         assert built == [], (spec, built)
-        calls.clear()
 
 
 def counting_host_tensors_in_levels(drafter, monkeypatch) -> list:
-    """Record every `torch.tensor` call from the first level's forward to the cycle's final transfer."""
+    """Record every `torch.tensor` call from the first level's forward to the cycle's DraftBatch."""
     from draftsmith.runtime.verify.draft_tree import CycleTree
 
-    built, real_tensor, forward_level, to_host = [], torch.tensor, drafter._forward_level, CycleTree.to_host
+    built, real_tensor, level, draft_batch = [], torch.tensor, drafter.steps.level, CycleTree.draft_batch
 
     def first_level(*args):
         monkeypatch.setattr(torch, "tensor", lambda *a, **k: built.append(a) or real_tensor(*a, **k))
-        return forward_level(*args)
+        return level(*args)
 
-    def transfer(self):
+    def batch(self, *args, **kwargs):
         monkeypatch.setattr(torch, "tensor", real_tensor)
-        return to_host(self)
+        return draft_batch(self, *args, **kwargs)
 
-    monkeypatch.setattr(drafter, "_forward_level", first_level)
-    monkeypatch.setattr(CycleTree, "to_host", transfer)
+    monkeypatch.setattr(drafter.steps, "level", first_level)
+    monkeypatch.setattr(CycleTree, "draft_batch", batch)
     return built

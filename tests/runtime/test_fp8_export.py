@@ -120,7 +120,7 @@ def test_fp8_export_reads_back_and_drafts_losslessly(head_dir, target, tmp_path)
     out = tmp_path / "fp8"
     assert export(head_dir, out, "--format", "speculators", "--quantize", "fp8") == 0
     drafter = build_drafter(f"eagle3:{out}", target, chain(2))
-    fc = drafter.head.fc.weight.detach()
+    fc = drafter.steps.head.fc.weight.detach()
     original = load_file(head_dir / "model.safetensors")["fc.weight"]
     assert not torch.equal(fc, original) and (fc - original).abs().max() <= REL * original.abs().max()
     prompts = [[11, 12, 13, 11, 12], [20, 21, 22, 23, 20, 21]]

@@ -208,7 +208,7 @@ def test_draft_spec_loads_every_layout_with_greedy_identity(target, head, tmp_pa
     plain = generate_plain(target, prompts, SamplingParams(), 12)
     for draft in (f"eagle3:{official}", f"eagle3:{spec}", f"eagle3:{official}#ids=input"):
         drafter = build_drafter(draft, target, parse_tree_spec("chain:2"))
-        assert_same_head(head, drafter.head)
+        assert_same_head(head, drafter.steps.head)
         results = generate_speculative(target, drafter, prompts, SamplingParams(), 12)
         assert [r.token_ids for r in results] == [r.token_ids for r in plain]
     with pytest.raises(BadInputError, match="--draft"):

@@ -15,9 +15,9 @@ from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
@@ -154,15 +154,15 @@ def make_drafter(kind, target, max_depth):
     if kind == "ngram":
         return NgramDrafter(tree)
     if kind == "self":
-        return LMDrafter(target, tree, num_layers=2)
+        return lm_drafter(target, tree, num_layers=2)
     if kind == "oracle":
-        return LMDrafter(target, tree)
+        return lm_drafter(target, tree)
     if kind == "eagle3":
         torch.manual_seed(0)
         head = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).eval()
-        return Eagle3Drafter(head, target, tree)
+        return eagle3_drafter(head, target, tree)
     torch.manual_seed(3)
-    return MtpDrafter(MtpHead(MtpConfig.for_target(target, num_modules=3)).eval(), target, tree)
+    return mtp_drafter(MtpHead(MtpConfig.for_target(target, num_modules=3)).eval(), target, tree)
 
 
 SCRIPTS = [[0, 3, 1, 0, 0, 2], [3, 0]]

@@ -30,13 +30,32 @@ def test_tree_mask_block():
 
 
 def test_plain_causal_detection():
-    full = torch.ones(2, 6, dtype=torch.bool)
-    assert is_plain_causal(full, 6, None) and is_plain_causal(full, 1, None)
-    assert not is_plain_causal(full, 3, None)  # chunk after a prefix: needs an explicit mask
-    assert not is_plain_causal(full, 6, torch.ones(6, 6, dtype=torch.bool))
-    padded = full.clone()
-    padded[0, 0] = False
-    assert not is_plain_causal(padded, 1, None)
+    assert is_plain_causal(6, 6, None, False) and is_plain_causal(6, 1, None, False)
+    assert not is_plain_causal(6, 3, None, False)  # chunk after a prefix: needs an explicit mask
+    assert not is_plain_causal(6, 6, torch.ones(6, 6, dtype=torch.bool), False)
+    assert not is_plain_causal(6, 1, None, True)  # padding or holes
+
+
+def test_cache_knows_its_holes_without_reading_the_device():
+    """KVCache.holes: False while every write is dense and compactions keep rows even; a padded write, a
+    ragged compaction or ragged prefixes set it (and it matches the valid mask's truth)."""
+    dense = make_cache(8)
+    dense.reserve(3, torch.ones(2, 3, dtype=torch.bool), dense=True)
+    dense.commit()
+    dense.keep_rows(1, [[1], [2]])  # one slot each: no row padded
+    dense.keep_prefixes(0, [2, 2])
+    assert not dense.holes and bool(dense.valid[:, : dense.length].all())
+    for make_holes in (
+        lambda c: c.reserve(1, torch.tensor([[True], [False]])),
+        lambda c: c.keep_rows(1, [[1, 2], [2]]),
+        lambda c: c.keep_prefixes(0, [3, 1]),
+    ):
+        cache = make_cache(8)
+        cache.reserve(3, torch.ones(2, 3, dtype=torch.bool), dense=True)
+        cache.commit()
+        make_holes(cache)
+        cache.commit()
+        assert cache.holes and not bool(cache.valid[:, : cache.length].all())
 
 
 def make_cache(capacity=4):

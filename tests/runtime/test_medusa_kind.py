@@ -62,7 +62,7 @@ def test_trains_with_the_recipe_and_decodes_losslessly(run, tiny_target):
     for tree in (None, "chain:3", "cartesian:2,2,1", "sparse:6"):
         spec = head_kinds.parse_tree(draft, tree) if tree else None
         drafter = build_drafter(draft, tiny_target, spec)
-        assert type(drafter).__name__ == "MedusaDrafter"
+        assert drafter.name == "medusa" and type(drafter.steps).__name__ == "MedusaSteps"
         got = generate_speculative(tiny_target, drafter, prompts, SamplingParams(), 12)
         assert [r.token_ids for r in got] == plain, tree  # zero mismatches
 

@@ -16,7 +16,8 @@ from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.medusa_drafter import MedusaDrafter, medusa_drafter
+from draftsmith.runtime.drafters.grower import ModelDrafter
+from draftsmith.runtime.drafters.medusa_drafter import medusa_drafter
 from draftsmith.runtime.verify import batch_accept
 from draftsmith.runtime.verify.sampling import SamplingParams
 
@@ -52,7 +53,7 @@ def first_tokens(target, drafter, n=N, seed=0) -> Counter:
     return Counter(tuple(r.token_ids[:3]) for r in results)
 
 
-def law_drafter(target, fitted, mode) -> MedusaDrafter:
+def law_drafter(target, fitted, mode) -> ModelDrafter:
     tree, children = MODES[mode]
     return medusa_drafter(target, fitted, tree, children)
 
@@ -63,7 +64,7 @@ def test_sampling_law_is_the_targets(target, fitted, law, mode):
     counts = first_tokens(target, drafter)
     stat, threshold = chi_square(counts, law, N)
     assert stat < threshold, f"{mode}: chi2 {stat:.1f} >= {threshold:.1f}"
-    assert drafter.samples_children() == (
+    assert drafter.samples_children(drafter.tree) == (
         mode in ("chain sampled from q", "i.i.d. sampled siblings (SpecInfer)")
     )
 

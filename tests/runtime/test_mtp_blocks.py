@@ -28,7 +28,7 @@ from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, save_head
 from draftsmith.runtime.heads.mtp_block import block_fields
 from draftsmith.runtime.heads.mtp_kind import MtpSection
@@ -227,7 +227,7 @@ def test_moe_modules_draft_with_greedy_identity(moe_target):
     prompts = random_prompts(3)
     plain = generate_plain(moe_target, prompts, SamplingParams(), 12)
     for dense in (False, True):
-        drafter = MtpDrafter(
+        drafter = mtp_drafter(
             fresh_head(moe_target, dense_block=dense), moe_target, parse_tree_spec("chain:2")
         )
         results = generate_speculative(moe_target, drafter, prompts, SamplingParams(), 12, batch_size=3)

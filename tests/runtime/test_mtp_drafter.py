@@ -15,7 +15,7 @@ from draftsmith.runtime.core.engine import generate_plain, prefill_features
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, module_mask, save_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec, path_to
@@ -69,7 +69,7 @@ CASES = [  # (head, tree, recursive)
 def test_greedy_identity(target, request, which, spec, recursive, batch_size):
     head = request.getfixturevalue(which)
     plain = generate_plain(target, PROMPTS, GREEDY, 20)
-    drafter = MtpDrafter(head, target, parse_tree_spec(spec), recursive=recursive)
+    drafter = mtp_drafter(head, target, parse_tree_spec(spec), recursive=recursive)
     results = generate_speculative(target, drafter, PROMPTS, GREEDY, 20, batch_size=batch_size)
     assert [r.token_ids for r in results] == [r.token_ids for r in plain]
     assert all(r.draft_forwards > 0 for r in results)
@@ -80,7 +80,7 @@ def test_seeded_sampling_does_not_depend_on_batch_size(target, head3, spec):
     params = SamplingParams(temperature=0.9)
     runs = [
         generate_speculative(
-            target, MtpDrafter(head3, target, parse_tree_spec(spec)), PROMPTS, params, 16, 3, b
+            target, mtp_drafter(head3, target, parse_tree_spec(spec)), PROMPTS, params, 16, 3, b
         )
         for b in (1, 5)
     ]
@@ -89,8 +89,8 @@ def test_seeded_sampling_does_not_depend_on_batch_size(target, head3, spec):
 
 def test_depth_beyond_the_modules_needs_recursion(target, head3):
     with pytest.raises(BadInputError, match="depth <= 3"):
-        MtpDrafter(head3, target, parse_tree_spec("chain:4"))
-    MtpDrafter(head3, target, parse_tree_spec("chain:4"), recursive=True)
+        mtp_drafter(head3, target, parse_tree_spec("chain:4"))
+    mtp_drafter(head3, target, parse_tree_spec("chain:4"), recursive=True)
 
 
 def training_outputs(head, target, ctx, feats):
@@ -129,7 +129,7 @@ def test_module_caches_after_commits_equal_the_training_forward(target, request,
     layers = (target.num_layers - 1,)
     prompts = PROMPTS[:3]
     _, _, features = prefill_features(target, prompts, 8, layers)
-    drafter = MtpDrafter(head3, target, parse_tree_spec("chain:3"))
+    drafter = mtp_drafter(head3, target, parse_tree_spec("chain:3"))
     drafter.start(prompts, GREEDY, None, features)
     contexts = [p + [7] for p in prompts]
     all_feats = [f.clone() for f in features]
@@ -141,7 +141,7 @@ def test_module_caches_after_commits_equal_the_training_forward(target, request,
                 all_feats[b] = torch.cat([all_feats[b], new_feats[b]])
             drafter.skip(new_feats)
             continue
-        drafts = drafter.propose(contexts)
+        drafts = drafter.propose(contexts, drafter.tree).to_drafts()
         accepted, new_feats = [], []
         for b, draft in enumerate(drafts):
             nodes = path_to(draft.tree, draft.tree.leaves[0])[1 : 1 + (b + cycle) % 4]
@@ -150,14 +150,14 @@ def test_module_caches_after_commits_equal_the_training_forward(target, request,
             contexts[b] = contexts[b] + [draft.tokens[n] for n in nodes] + [9 + b]
             all_feats[b] = torch.cat([all_feats[b], new_feats[-1]])
         drafter.commit(accepted, new_feats)
-    drafts = drafter.propose(contexts)
+    drafts = drafter.propose(contexts, drafter.tree).to_drafts()
     for b, (ctx, draft) in enumerate(zip(contexts, drafts, strict=True)):
         n = len(ctx) - 1
         assert all_feats[b].shape[0] == n  # one target feature per committed token but the root
         chain = path_to(draft.tree, draft.tree.leaves[0])  # root, d1, d2, d3
         extended = ctx + [draft.tokens[i] for i in chain[1:]]
         outs = training_outputs(head3, target, extended, all_feats[b])
-        got = [drafter.outputs[b, chain[k]] for k in range(3)]  # candidate ids = node ids in a chain
+        got = [drafter.cycle.features[b, chain[k]] for k in range(3)]  # candidate ids = node ids in a chain
         for m in range(3):  # PARITY in fp32 (tests/tolerances.py): module m chains m + 1 blocks, each
             # its eh_proj over 2 hidden and one decoder layer over up to 32 positions
             sums = (m + 1) * (2 * 64 + layer_accumulations(64, 128, seq=32))

@@ -18,7 +18,7 @@ from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import FAMILIES
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, save_head
 from draftsmith.runtime.heads.mtp_layout import from_deepseek, from_mimo, to_deepseek, to_mimo
 from draftsmith.runtime.verify.sampling import SamplingParams
@@ -120,7 +120,7 @@ def test_layouts_name_the_block_as_the_target_does(target):
 def test_modules_draft_with_greedy_identity(target):
     prompts = random_prompts(3)
     plain = generate_plain(target, prompts, SamplingParams(), 12)
-    drafter = MtpDrafter(fresh_head(target), target, parse_tree_spec("chain:2"))
+    drafter = mtp_drafter(fresh_head(target), target, parse_tree_spec("chain:2"))
     results = generate_speculative(target, drafter, prompts, SamplingParams(), 12)
     assert [r.token_ids for r in results] == [r.token_ids for r in plain]
 

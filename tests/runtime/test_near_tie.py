@@ -12,7 +12,7 @@ from tiny_models import tiny_model, tiny_tokenizer
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.verify.near_tie import first_mismatch, next_logits, tie_tolerance
 from draftsmith.runtime.verify.sampling import SamplingParams
@@ -150,7 +150,7 @@ def test_bf16_speculative_decoding_is_greedy_identical_up_to_near_ties(device, s
     head = head.to(device, torch.bfloat16).eval()
     prompts = make_prompts(8)
     want = generate_plain(target, prompts, GREEDY, max_new_tokens=32, batch_size=4)
-    drafter = Eagle3Drafter(head, target, parse_tree_spec(spec))
+    drafter = eagle3_drafter(head, target, parse_tree_spec(spec))
     got = generate_speculative(target, drafter, prompts, GREEDY, 32, batch_size=4, static=static)
     found = [first_mismatch(target, p, g.token_ids, w.token_ids) for p, g, w in zip(prompts, got, want)]
     found = [m.as_dict() for m in found if m is not None]

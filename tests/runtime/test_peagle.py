@@ -23,7 +23,7 @@ from draftsmith.runtime.core.engine import generate_plain, prefill_features
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.peagle_drafter import PEagleDrafter
+from draftsmith.runtime.drafters.peagle_drafter import peagle_drafter
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.eagle3 import save_head as save_eagle3
@@ -50,12 +50,12 @@ def heads(target):
 def counting(drafter):
     """Count the drafter's proposals and its head's forwards."""
     calls = {"propose": 0, "head": 0}
-    drafter.head.register_forward_hook(lambda *a: calls.__setitem__("head", calls["head"] + 1))
+    drafter.steps.head.register_forward_hook(lambda *a: calls.__setitem__("head", calls["head"] + 1))
     propose = drafter.propose
 
-    def counted(contexts):
+    def counted(contexts, tree):
         calls["propose"] += 1
-        return propose(contexts)
+        return propose(contexts, tree)
 
     drafter.propose = counted
     return calls
@@ -67,7 +67,7 @@ def counting(drafter):
 def test_greedy_identity_one_forward_per_cycle(target, heads, which, spec, batch_size):
     plain = generate_plain(target, PROMPTS, GREEDY, 20)
     head = copy.deepcopy(heads[which])
-    drafter = PEagleDrafter(head, target, parse_tree_spec(spec))
+    drafter = peagle_drafter(head, target, parse_tree_spec(spec))
     calls = counting(drafter)
     results = generate_speculative(target, drafter, PROMPTS, GREEDY, 20, batch_size=batch_size)
     mismatches = sum(r.token_ids != p.token_ids for r, p in zip(results, plain, strict=True))
@@ -98,21 +98,21 @@ def test_drafter_block_equals_training_and_one_pass(target, heads, which):
     head = copy.deepcopy(heads[which]).double()
     prompts, roots, k = PROMPTS[:3], [7, 8, 9], head.block_size
     _, _, features = prefill_features(target64, prompts, 8, tuple(AUX))
-    drafter = PEagleDrafter(head, target64, parse_tree_spec("chain:4"))
+    drafter = peagle_drafter(head, target64, parse_tree_spec("chain:4"))
     drafter.start(prompts, GREEDY, None, features)
-    drafter.propose([p + [r] for p, r in zip(prompts, roots)])
+    drafter.propose([p + [r] for p, r in zip(prompts, roots)], drafter.tree)
     embed = target64.embed
     for b, prompt in enumerate(prompts):
         ids, feats = block_inputs(target64, prompt, roots[b], features[b])
         t = len(prompt) - 1
         trained = torch.stack([h[0, t] for h in unroll_block(head, embed, ids, feats, k)])  # [K, H]
         one_pass = block_outputs(head, embed, ids, feats, k)[:, 0, t]  # [K, H]
-        assert_float64_equal(drafter.block_logits[b], head.target_logits(trained))
+        assert_float64_equal(drafter.steps.block_logits[b], head.target_logits(trained))
         assert_float64_equal(head.target_logits(one_pass), head.target_logits(trained))
-    short = PEagleDrafter(head, target64, parse_tree_spec("chain:2"))  # a shallower tree: D = 2 of K
+    short = peagle_drafter(head, target64, parse_tree_spec("chain:2"))  # a shallower tree: D = 2 of K
     short.start(prompts, GREEDY, None, features)
-    short.propose([p + [r] for p, r in zip(prompts, roots)])
-    assert_float64_equal(short.block_logits, drafter.block_logits[:, :2])
+    short.propose([p + [r] for p, r in zip(prompts, roots)], short.tree)
+    assert_float64_equal(short.steps.block_logits, drafter.steps.block_logits[:, :2])
     if which == "random":
         ids, feats = block_inputs(target64, prompts[0], roots[0], features[0])
         length, t = ids.shape[1], len(prompts[0]) - 1
@@ -123,7 +123,7 @@ def test_drafter_block_equals_training_and_one_pass(target, heads, which):
         positions = torch.cat([torch.arange(length) + d for d in range(k)])[None]
         h = head.run_layers(embeds, feature, positions, None, wrong[None, None]).view(1, k, length, -1)
         with pytest.raises(AssertionError):
-            assert_float64_equal(head.target_logits(h[0, 2:, t]), drafter.block_logits[0, 2:])
+            assert_float64_equal(head.target_logits(h[0, 2:, t]), drafter.steps.block_logits[0, 2:])
 
 
 # ---- folders ------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def test_block_size_below_two_is_refused(target):
 @pytest.mark.parametrize("spec", ["chain:5", "dynamic:depth=5,topk=2,tokens=6"])
 def test_tree_deeper_than_the_block_is_refused(target, heads, spec):
     with pytest.raises(BadInputError, match="block_size=4"):
-        PEagleDrafter(heads["random"], target, parse_tree_spec(spec))
+        peagle_drafter(heads["random"], target, parse_tree_spec(spec))
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +209,7 @@ def test_greedy_identity_on_the_engines_static_path(target, heads, spec):
     """The engine's static (CUDA-graph) target path, run on the CPU: the drafter keeps its dynamic cache
     (no static draft path for this kind) and stays lossless."""
     plain = generate_plain(target, PROMPTS, GREEDY, 20)
-    drafter = PEagleDrafter(heads["fitted"], target, parse_tree_spec(spec))
+    drafter = peagle_drafter(heads["fitted"], target, parse_tree_spec(spec))
     results = generate_speculative(target, drafter, PROMPTS, GREEDY, 20, batch_size=3, static=True)
     assert [r.token_ids for r in results] == [p.token_ids for p in plain]
 
@@ -226,7 +226,7 @@ def test_greedy_identity_every_chain_depth_of_a_block_of_8(target, head8, batch_
     prompts = random_prompts(32, seed=3)[:batch_size] + PROMPTS
     plain = generate_plain(target, prompts, GREEDY, 21)
     for depth in range(1, 9):
-        drafter = PEagleDrafter(head8, target, parse_tree_spec(f"chain:{depth}"))
+        drafter = peagle_drafter(head8, target, parse_tree_spec(f"chain:{depth}"))
         results = generate_speculative(target, drafter, prompts, GREEDY, 21, batch_size=batch_size)
         mismatches = [
             i for i, (r, p) in enumerate(zip(results, plain, strict=True)) if r.token_ids != p.token_ids

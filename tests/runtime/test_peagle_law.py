@@ -16,13 +16,14 @@ from collections import Counter
 
 import pytest
 import torch
+from acceptance_toys import ReportsWrongQ
 from engine_checks import chi_square, exact_law
 from peagle_heads import fitted_head, random_head
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.peagle_drafter import PEagleDrafter
+from draftsmith.runtime.drafters.peagle_drafter import peagle_drafter
 from draftsmith.runtime.verify import batch_accept
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
@@ -67,35 +68,37 @@ def first_tokens(target, drafter, n=N, seed=0) -> tuple[Counter, float]:
 @pytest.mark.parametrize("mode", list(MODES))
 def test_sampling_law_is_the_targets(target, heads, law, which, mode):
     tree, children = MODES[mode]
-    drafter = PEagleDrafter(heads[which], target, parse_tree_spec(tree), children)
+    drafter = peagle_drafter(heads[which], target, parse_tree_spec(tree), children)
     counts, tau = first_tokens(target, drafter)
     stat, threshold = chi_square(counts, law, N)
     assert stat < threshold, f"{mode}, {which}: chi2 {stat:.1f} >= {threshold:.1f}"
-    assert drafter.sample == (mode != "per-position top-k tree (point masses)" and mode != "dynamic tree")
+    assert drafter.samples_children(drafter.tree) == (
+        mode != "per-position top-k tree (point masses)" and mode != "dynamic tree"
+    )
     if which != "random":  # drafts do get accepted: the law is checked on accepting paths too
         assert tau > 1.2, tau
 
 
-class UniformQ(PEagleDrafter):
+def uniform_q(q):
     """Samples each token from its true q but reports a uniform law to the verifier."""
-
-    def _children_on_device(self, logits, counts, *args):
-        tokens, q = super()._children_on_device(logits, counts, *args)
-        return tokens, None if q is None else torch.full_like(q, 1.0 / q.shape[-1])
+    q[:, 1:] = 1.0 / q.shape[-1]
+    return q
 
 
-class ShiftedQ(PEagleDrafter):
+def shifted_q(q):
     """Reports each drafted token's law one block position off (the last position's for the first): the
     slip a one-pass drafter could make between its K per-position distributions."""
-
-    def _draft(self, *args):
-        draft = super()._draft(*args)
-        if draft.draft_probs is not None:
-            draft.draft_probs[1:] = draft.draft_probs[1:].roll(1, dims=0)
-        return draft
+    q[:, 1:] = q[:, 1:].roll(1, dims=1)
+    return q
 
 
-@pytest.mark.parametrize("wrong", [UniformQ, ShiftedQ], ids=["uniform q", "q one position off"])
+def reporting(wrong):
+    return lambda head, target, tree: ReportsWrongQ(peagle_drafter(head, target, tree), wrong)
+
+
+@pytest.mark.parametrize(
+    "wrong", [reporting(uniform_q), reporting(shifted_q)], ids=["uniform q", "q one position off"]
+)
 def test_wrong_q_negative_control_fails(target, heads, law, wrong):
     """With the flattened head (q overlaps p but differs; its true q passes above) a wrong q is seen."""
     # 3N rows: chi2's excess over its null grows with N, and the shift's excess differs by machine (the
@@ -114,6 +117,6 @@ def test_always_accept_negative_control_fails(target, heads, law, monkeypatch):
         return torch.full_like(coins, -1.0), draws
 
     monkeypatch.setattr(batch_accept, "uniforms", always_accept)
-    drafter = PEagleDrafter(heads["fitted"], target, parse_tree_spec("chain:3"))
+    drafter = peagle_drafter(heads["fitted"], target, parse_tree_spec("chain:3"))
     stat, threshold = chi_square(first_tokens(target, drafter)[0], law, N)
     assert stat > threshold, f"the law test did not notice always-accept (chi2 {stat:.1f})"

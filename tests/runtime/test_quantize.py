@@ -32,8 +32,8 @@ from draftsmith.runtime.core.quantize import (
 )
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.verify.sampling import SamplingParams
@@ -172,12 +172,12 @@ def test_greedy_identity_against_the_same_quantized_target(qtarget, qplain, name
     if name == "ngram":
         drafter = NgramDrafter(spec)
     elif name == "model":  # a quantized draft LM of its own
-        drafter = LMDrafter(Target(tiny_model("llama", seed=1), tiny_tokenizer(), "draft"), spec)
+        drafter = lm_drafter(Target(tiny_model("llama", seed=1), tiny_tokenizer(), "draft"), spec)
         quantize_draft(drafter, qtarget, QuantSpec("int8"))
     elif name == "oracle":
-        drafter = LMDrafter(qtarget, spec)
+        drafter = lm_drafter(qtarget, spec)
     else:
-        drafter = LMDrafter(qtarget, spec, num_layers=2)
+        drafter = lm_drafter(qtarget, spec, num_layers=2)
     results = generate_speculative(qtarget, drafter, PROMPTS, GREEDY, 24, batch_size=batch_size)
     assert_identical(results, qplain)
     if name == "oracle" and tree.startswith("chain"):  # the long-acceptance paths ran
@@ -196,7 +196,7 @@ def test_sampled_law_of_the_quantized_target(qtarget):
     law = exact_law(qtarget, LAW_PROMPT, LAW_PARAMS, 3)
     torch.manual_seed(2)
     head = MtpHead(MtpConfig.for_target(qtarget, num_modules=2)).eval()
-    drafter = MtpDrafter(head, qtarget, chain(2))
+    drafter = mtp_drafter(head, qtarget, chain(2))
     quantize_draft(drafter, qtarget, QuantSpec("int4"))
     n = 3000
     results = generate_speculative(qtarget, drafter, [LAW_PROMPT] * n, LAW_PARAMS, 3, seed=0, batch_size=n)
@@ -214,7 +214,7 @@ def test_quantize_draft_leaves_the_target_alone():
     target = Target(tiny_model("llama"), tiny_tokenizer(), "tiny")
     before = {n: p.clone() for n, p in target.model.named_parameters()}
     head = MtpHead(MtpConfig.for_target(target, num_modules=1)).eval()
-    drafter = MtpDrafter(head, target, chain(1))
+    drafter = mtp_drafter(head, target, chain(1))
     used = quantize_draft(drafter, target, parse_quantize("int4"))
     assert used.group_size == 64  # 128 does not divide the tiny model's 64 inputs: the largest that does
     assert any(isinstance(m, Int4Linear) for m in head.modules())
@@ -240,7 +240,7 @@ def test_bad_inputs():
     with pytest.raises(BadInputError, match="compute capability >= 8.9"):
         quantize_target(target, parse_quantize("fp8"))  # no float8 matmul on the CPU
     with pytest.raises(BadInputError, match="self:layers=N runs the target's own layers"):
-        quantize_draft(LMDrafter(target, chain(2), num_layers=2), target, QuantSpec("int8"))
+        quantize_draft(lm_drafter(target, chain(2), num_layers=2), target, QuantSpec("int8"))
     with pytest.raises(BadInputError, match="ngram has none"):
         quantize_draft(NgramDrafter(chain(2)), target, QuantSpec("int8"))
     assert all(type(m) is torch.nn.Linear for m in target.model.modules() if isinstance(m, torch.nn.Linear))

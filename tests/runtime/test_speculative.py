@@ -21,12 +21,13 @@ from draftsmith.runtime.core.engine import generate_plain, prefill
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative, tree_logits, verify
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.drafting import Draft, Drafter, build_drafter
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter, load_draft_model
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.drafting import Drafter, build_drafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter, load_draft_model
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.verify import batch_accept
+from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import Tree, chain, parse_tree_spec, path_to
 
@@ -61,10 +62,10 @@ def drafter_for(name, target, draft_lm, tree):
     if name == "ngram":
         return NgramDrafter(tree)
     if name == "model":
-        return LMDrafter(draft_lm, tree)
+        return lm_drafter(draft_lm, tree)
     if name == "oracle":  # the target drafting for itself: every drafted token is accepted at T=0
-        return LMDrafter(target, tree)
-    return LMDrafter(target, tree, num_layers=int(name.split(":")[1]))
+        return lm_drafter(target, tree)
+    return lm_drafter(target, tree, num_layers=int(name.split(":")[1]))
 
 
 CHAIN_GRID = [(d, f"chain:{k}") for d in ("ngram", "self:2", "oracle") for k in range(1, 9)]
@@ -101,7 +102,7 @@ class ScriptedDrafter(Drafter):
         super().__init__()
         self.tree, self.path, self.j, self.truth, self.vocab = tree, path_to(tree, leaf), j, truth, vocab
 
-    def start(self, prompts, params, generators, features=None):
+    def start(self, prompts, params, generators, features=None, static_slots=None):
         super().start(prompts, params, generators, features)
         self.prompts = list(prompts)
 
@@ -109,7 +110,7 @@ class ScriptedDrafter(Drafter):
         super().retain(rows)
         self.prompts = [self.prompts[r] for r in rows]
 
-    def propose(self, contexts):
+    def propose(self, contexts, tree):
         drafts = []
         for prompt, ctx in zip(self.prompts, contexts, strict=True):
             seq, done = self.truth[tuple(prompt)], len(ctx) - len(prompt)  # done: tokens generated so far
@@ -120,7 +121,7 @@ class ScriptedDrafter(Drafter):
                 on_path = node in self.path and depth <= self.j
                 tokens.append(right if on_path else (right + 1) % self.vocab)
             drafts.append(Draft(self.tree, tokens))
-        return drafts
+        return DraftBatch.from_drafts(drafts, "cpu")
 
 
 BINARY = Tree((-1, 0, 0, 1, 1, 2, 3, 3))  # two children at the root and at node 1, chains below
@@ -153,7 +154,8 @@ def test_forced_partial_acceptance_leaves_exact_kv(target, tree):
                 else (truth[tree.depths[n]] + 1) % target.vocab_size
                 for n in range(1, tree.size)
             ]
-            (verdict,), _ = verify(target, cache, [Draft(tree, tokens)], [context], GREEDY, None)
+            batch = DraftBatch.from_drafts([Draft(tree, tokens)], "cpu")
+            (verdict,) = verify(target, cache, batch, [context], GREEDY, None)[0].verdicts
             assert verdict.accepted == path[1 : j + 1]
             assert verdict.next_token == truth[j + 1]
             committed = len(prompt) + 1 + j  # prompt, root, accepted nodes; the bonus is not in yet
@@ -168,28 +170,31 @@ def test_forced_partial_acceptance_leaves_exact_kv(target, tree):
 def test_drafter_cache_rolls_back_to_the_accepted_path(target, spec):
     """After commit, the drafter's cache holds exactly the committed tokens it computed: forwarding
     the rest must give the logits of a fresh forward over the whole context."""
-    drafter = LMDrafter(target, parse_tree_spec(spec), num_layers=2)
+    drafter = lm_drafter(target, parse_tree_spec(spec), num_layers=2)
     prompts = PROMPTS[:3]
     drafter.start(prompts, GREEDY, None)
     contexts = [p + [7] for p in prompts]
     for cycle in range(3):
-        drafts = drafter.propose(contexts)
+        batch = drafter.propose(contexts, drafter.tree)
+        drafts, fetched = batch.to_drafts(), batch.fetched.tolist()
         accepted = []
         for row, draft in enumerate(drafts):  # accept a different path per row (ragged)
             leaf = draft.tree.leaves[(row + cycle) % len(draft.tree.leaves)]
             accepted.append(path_to(draft.tree, leaf)[1 : 1 + (row + cycle) % (draft.tree.max_depth + 1)])
-        drafter.commit(accepted)
+        drafter.commit(accepted, None, fetched)
         for row, (draft, nodes) in enumerate(zip(drafts, accepted)):
             contexts[row] = contexts[row] + [draft.tokens[n] for n in nodes] + [9 + row]
-        assert [int(v) for v in drafter.cache.valid.sum(dim=1)] == drafter.cached
+        state = drafter.state()[0]
+        assert [int(v) for v in state.cache.valid.sum(dim=1)] == state.cached
     for row, ctx in enumerate(contexts):
-        seen = drafter.cached[row]
-        cache = drafter.cache
+        seen = state.cached[row]
+        cache = state.cache
         rest = torch.tensor([ctx[seen:]])
         single = target.new_cache(1, 128, num_layers=2)
         single.keys = [k[row : row + 1].clone() for k in cache.keys]
         single.values = [v[row : row + 1].clone() for v in cache.values]
         single.valid, single.length = cache.valid[row : row + 1].clone(), cache.length
+        single.holes = cache.holes  # the copied slots' holes (ragged commits) must stay masked
         positions = torch.arange(seen, len(ctx))[None]
         out = target.forward(rest, single, positions, num_layers=2)
         fresh = target.forward(torch.tensor([ctx]), target.new_cache(1, 128, num_layers=2), num_layers=2)
@@ -212,7 +217,7 @@ def test_tree_attention_equals_causal_forward_per_path(target, seed):
         tree = random_tree(int(torch.randint(2, 12, (1,), generator=rng)), rng)
         drafts.append(Draft(tree, torch.randint(6, 106, (tree.size,), generator=rng).tolist()))
     contexts = [p + [d.tokens[0]] for p, d in zip(prompts, drafts)]
-    logits, _ = tree_logits(target, cache, drafts, contexts)  # [B, N, V]
+    logits, _ = tree_logits(target, cache, DraftBatch.from_drafts(drafts, "cpu"), contexts)  # [B, N, V]
     for b, (prompt, draft) in enumerate(zip(prompts, drafts)):
         for node in range(draft.tree.size):
             seq = prompt + [draft.tokens[i] for i in path_to(draft.tree, node)]
@@ -226,7 +231,7 @@ def test_eos_and_budget_inside_a_drafted_block(target, spec):
     plain_results = generate_plain(target, prompts, GREEDY, max_new_tokens=37)
     assert {r.finish_reason for r in plain_results} == {"eos", "length"}, "fixture must stop both ways"
     results = generate_speculative(
-        target, LMDrafter(target, parse_tree_spec(spec)), prompts, GREEDY, 37, batch_size=5
+        target, lm_drafter(target, parse_tree_spec(spec)), prompts, GREEDY, 37, batch_size=5
     )
     assert_identical(results, plain_results)
 
@@ -235,7 +240,7 @@ def test_context_end_inside_a_drafted_block():
     short = Target(tiny_model("llama", max_positions=32), tiny_tokenizer(), "tiny-32")
     prompts = [list(range(10, 10 + n)) for n in (20, 25, 27)]
     plain_results = generate_plain(short, prompts, GREEDY, max_new_tokens=64)
-    results = generate_speculative(short, LMDrafter(short, chain(8)), prompts, GREEDY, 64, batch_size=3)
+    results = generate_speculative(short, lm_drafter(short, chain(8)), prompts, GREEDY, 64, batch_size=3)
     assert_identical(results, plain_results)
     assert {r.finish_reason for r in results} <= {"context", "eos"}
 
@@ -248,14 +253,14 @@ def test_seeded_runs_repeat_and_do_not_depend_on_batch_size(target, spec):
     tree = parse_tree_spec(spec)
     runs = [
         generate_speculative(
-            target, LMDrafter(target, tree, num_layers=2), PROMPTS, SAMPLED, 20, seed=5, batch_size=b
+            target, lm_drafter(target, tree, num_layers=2), PROMPTS, SAMPLED, 20, seed=5, batch_size=b
         )
         for b in (1, 1, 4, 7)
     ]
     tokens = [[r.token_ids for r in run] for run in runs]
     assert tokens[0] == tokens[1] == tokens[2] == tokens[3]
     other_seed = generate_speculative(
-        target, LMDrafter(target, tree, num_layers=2), PROMPTS, SAMPLED, 20, seed=6
+        target, lm_drafter(target, tree, num_layers=2), PROMPTS, SAMPLED, 20, seed=6
     )
     assert [r.token_ids for r in other_seed] != tokens[0]
 
@@ -272,15 +277,15 @@ def sample_first_tokens(target, drafter, n, seed=0):
 
 
 DRAFT_MODES = {
-    "chain sampled from q": lambda t: LMDrafter(t, chain(2), num_layers=1),
-    "top-k tree (point masses)": lambda t: LMDrafter(t, parse_tree_spec("static:binary-3"), num_layers=1),
-    "i.i.d. sampled siblings": lambda t: LMDrafter(
+    "chain sampled from q": lambda t: lm_drafter(t, chain(2), num_layers=1),
+    "top-k tree (point masses)": lambda t: lm_drafter(t, parse_tree_spec("static:binary-3"), num_layers=1),
+    "i.i.d. sampled siblings": lambda t: lm_drafter(
         t, parse_tree_spec("static:binary-3"), 1, children="sample"
     ),
-    "dynamic tree": lambda t: LMDrafter(t, parse_tree_spec("dynamic:depth=2,topk=2,tokens=4"), num_layers=1),
+    "dynamic tree": lambda t: lm_drafter(t, parse_tree_spec("dynamic:depth=2,topk=2,tokens=4"), num_layers=1),
     "ngram": lambda t: NgramDrafter(chain(2)),
-    "mtp stacked chain sampled from q": lambda t: MtpDrafter(random_mtp(t, 2), t, chain(2)),
-    "mtp recursive dynamic tree": lambda t: MtpDrafter(
+    "mtp stacked chain sampled from q": lambda t: mtp_drafter(random_mtp(t, 2), t, chain(2)),
+    "mtp recursive dynamic tree": lambda t: mtp_drafter(
         random_mtp(t, 1), t, parse_tree_spec("dynamic:depth=2,topk=2,tokens=4"), recursive=True
     ),
 }

@@ -27,12 +27,13 @@ from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters import ssd
-from draftsmith.runtime.drafters.drafter import Draft, Drafter
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.drafter import Drafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.drafters.ssd import SsdDrafter
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
+from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch
 from draftsmith.runtime.verify.sampling import SamplingParams, logits_to_probs
 from draftsmith.runtime.verify.tree import chain
 
@@ -59,10 +60,10 @@ def inner_factory(name, target, draft_lm):
     if name == "ngram":
         return NgramDrafter
     if name == "model":
-        return lambda tree: LMDrafter(draft_lm, tree)
+        return lambda tree: lm_drafter(draft_lm, tree)
     if name == "oracle":
-        return lambda tree: LMDrafter(target, tree)
-    return lambda tree: LMDrafter(target, tree, num_layers=int(name.split(":")[1]))
+        return lambda tree: lm_drafter(target, tree)
+    return lambda tree: lm_drafter(target, tree, num_layers=int(name.split(":")[1]))
 
 
 GRID = [(d, k, b, 1) for d in ("ngram", "self:1", "model") for k in (1, 3) for b in (k + 1, 8)]
@@ -157,18 +158,19 @@ class LawDrafter(Drafter):
     (shared by state snapshots, not copied)."""
 
     name, ranks_levels = "noisy-target", True
-    law_adjust = None  # SSD's Saguaro adjustment, as LMDrafter takes it
+    shared = Drafter.shared | {"model"}  # the law is shared by state snapshots, not copied
+    law_adjust = None  # SSD's Saguaro adjustment, as ModelDrafter takes it
     record_unadjusted = False  # the negative control's bug: draw from the adjusted law, record the raw one
 
     def __init__(self, tree, law):
         super().__init__()
         self.tree, self.model = tree, law
 
-    def propose(self, contexts):
+    def propose(self, contexts, tree):
         drafts = []
         for ctx, gen in zip(contexts, self.generators, strict=True):
             tokens, laws, self.level_logits = [ctx[-1]], [], []
-            for depth in range(self.tree.max_depth):
+            for depth in range(tree.max_depth):
                 logits = self.model(tuple(ctx + tokens[1:]))
                 raw = q = logits_to_probs(logits, self.params)
                 if self.law_adjust is not None:
@@ -178,7 +180,7 @@ class LawDrafter(Drafter):
                 self.level_logits.append(logits[None, None])
             drafts.append(Draft(chain(len(laws)), tokens, torch.stack([torch.zeros_like(laws[0]), *laws])))
         self.forwards += 1
-        return drafts
+        return DraftBatch.from_drafts(drafts, "cpu")
 
 
 def noisy(target):
@@ -208,7 +210,7 @@ def test_sampling_law_is_the_targets(target, law, mode):
 @pytest.mark.slow
 def test_sampling_law_with_lm_branches(target, law):
     """The same law with a model drafter, whose branches fork its KV cache (fewer rows: slower drafts)."""
-    drafter = SsdDrafter(lambda tree: LMDrafter(target, tree, num_layers=1), 1, 3)
+    drafter = SsdDrafter(lambda tree: lm_drafter(target, tree, num_layers=1), 1, 3)
     counts = sample_first_tokens(target, drafter, 1000)
     stat, threshold = chi_square(counts, law, 1000)
     assert stat < threshold, f"chi2 {stat:.1f} >= {threshold:.1f}"
@@ -275,4 +277,4 @@ def test_feature_heads_are_refused(target):
     torch.manual_seed(0)
     head = MtpHead(MtpConfig.for_target(target, num_modules=2)).eval()
     with pytest.raises(BadInputError, match="--ssd"):
-        SsdDrafter(lambda tree: MtpDrafter(head, target, tree), 2, 4)
+        SsdDrafter(lambda tree: mtp_drafter(head, target, tree), 2, 4)

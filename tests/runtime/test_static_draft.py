@@ -14,9 +14,9 @@ from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.static.forward import slot_mask
@@ -52,10 +52,10 @@ def head(target, request):
 def make_drafter(head, target, spec):
     tree = parse_tree_spec(spec)
     if head is None:
-        return LMDrafter(target, tree, num_layers=1)
+        return lm_drafter(target, tree, num_layers=1)
     if isinstance(head, MtpHead):  # modules 0 and 1 stacked, module 1 recursing past depth 2
-        return MtpDrafter(head, target, tree, recursive=True)
-    return Eagle3Drafter(head, target, tree)
+        return mtp_drafter(head, target, tree, recursive=True)
+    return eagle3_drafter(head, target, tree)
 
 
 def test_slot_mask_over_a_wider_block_equals_the_runtimes_mask():
@@ -75,11 +75,11 @@ def recorded_proposals(drafter) -> dict:
     """Wrap `propose`: context -> (tree parents, tokens, draft laws) of every row's proposal."""
     log, propose = {}, drafter.propose
 
-    def wrapper(contexts):
-        drafts = propose(contexts)
-        for ctx, d in zip(contexts, drafts, strict=True):
+    def wrapper(contexts, tree):
+        batch = propose(contexts, tree)
+        for ctx, d in zip(contexts, batch.to_drafts(), strict=True):
             log.setdefault(tuple(ctx), (d.tree.parents, d.tokens, d.draft_probs))
-        return drafts
+        return batch
 
     drafter.propose = wrapper
     return log
@@ -91,6 +91,7 @@ def run(target, head, spec, params, static, batch_size):
     results = generate_speculative(
         target, drafter, make_prompts(4), params, 16, seed=3, batch_size=batch_size, static=static
     )
+    run.sessions = drafter.steps.sessions  # the graphed steps the static path ran, by shape
     return results, log
 
 
@@ -118,8 +119,7 @@ def test_static_draft_steps_propose_what_the_dynamic_path_proposes(target, head,
                 assert want[ctx][2] is None
             else:
                 assert_laws_close(laws, want[ctx][2])
-    owner = target if head is None else head
-    assert owner.static_steps, "the static path must have run the drafter's graphed steps"
+    assert run.sessions, "the static path must have run the drafter's graphed steps"
 
 
 def test_draft_steps_in_small_attention_windows_propose_the_same(target, head, monkeypatch):
@@ -135,8 +135,7 @@ def test_draft_steps_in_small_attention_windows_propose_the_same(target, head, m
     for ctx in shared:
         assert got[ctx][:2] == want[ctx][:2]
         assert_laws_close(got[ctx][2], want[ctx][2])
-    owner = target if head is None else head
-    spans = {key[0][1] for steps in owner.static_steps.values() for key in steps.graphed.entries}
+    spans = {key[0][1] for steps in run.sessions.values() for key in steps.graphed.entries}
     assert min(spans) < 256 and len(spans) > 2
 
 
@@ -144,10 +143,10 @@ def test_a_chain_uses_one_level_shape_and_later_batches_reuse_the_steps(target):
     torch.manual_seed(0)
     head = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).eval()
     plain = generate_plain(target, make_prompts(6), GREEDY, 20, batch_size=3)
-    drafter = Eagle3Drafter(head, target, parse_tree_spec("chain:5"))
+    drafter = eagle3_drafter(head, target, parse_tree_spec("chain:5"))
     got = generate_speculative(target, drafter, make_prompts(6), GREEDY, 20, batch_size=3, static=True)
     assert [r.token_ids for r in got] == [r.token_ids for r in plain]
-    [steps] = head.static_steps.values()  # both batches of 3 ran on one session
+    [steps] = drafter.steps.sessions.values()  # both batches of 3 ran on one session
     level_shapes = {key[1][0] for key in steps.graphed.entries if key[0][0] == "level"}
     assert level_shapes == {(3, 1)}  # every level of every cycle: one shape, one graph on CUDA
     pending_widths = {key[1][0][1] for key in steps.graphed.entries if key[0][0] == "pending"}
@@ -163,10 +162,10 @@ def test_cuda_graph_draft_steps_are_greedy_identical(spec):
     head = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).cuda().eval()
     prompts = make_prompts(4)
     want = generate_plain(target, prompts, GREEDY, max_new_tokens=24, batch_size=4)
-    drafter = Eagle3Drafter(head, target, parse_tree_spec(spec))
+    drafter = eagle3_drafter(head, target, parse_tree_spec(spec))
     got = generate_speculative(target, drafter, prompts, GREEDY, 24, batch_size=4, static=True)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
-    [steps] = head.static_steps.values()
+    [steps] = drafter.steps.sessions.values()
     assert all(entry.graph is not None for entry in steps.graphed.entries.values())
 
 
@@ -176,33 +175,34 @@ def test_cuda_graph_draft_steps_are_greedy_identical(spec):
 @pytest.mark.parametrize("spec", ["chain:4", "static:binary-3", "dynamic:depth=3,topk=2,tokens=6"])
 def test_graphed_drafting_never_waits_for_the_gpu_inside_a_cycle(kind, spec, monkeypatch):
     """Under CUDA's sync debug mode ("error"), nothing synchronizes from a cycle's first level forward to
-    its final transfer: once a first run captured the graphs, a second run drafts every level of every
-    cycle without the host waiting for the GPU."""
+    its DraftBatch: once a first run captured the graphs, a second run drafts every level of every cycle
+    without the host waiting for the GPU."""
     from draftsmith.runtime.verify.draft_tree import CycleTree
 
     target = Target(tiny_model("llama").cuda(), tiny_tokenizer(), "tiny")
     torch.manual_seed(0)
     if kind == "mtp":
         head = MtpHead(MtpConfig.for_target(target, num_modules=2)).cuda().eval()
-        drafter = MtpDrafter(head, target, parse_tree_spec(spec), recursive=True)
+        drafter = mtp_drafter(head, target, parse_tree_spec(spec), recursive=True)
     else:
         head = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).cuda().eval()
-        drafter = Eagle3Drafter(head, target, parse_tree_spec(spec))
+        drafter = eagle3_drafter(head, target, parse_tree_spec(spec))
     prompts = make_prompts(4)
     want = generate_plain(target, prompts, GREEDY, max_new_tokens=24, batch_size=4)
     generate_speculative(target, drafter, prompts, GREEDY, 24, batch_size=4, static=True)  # captures
-    forward_level, to_host = drafter._forward_level, CycleTree.to_host
+    forward_level, draft_batch = drafter.steps.level, CycleTree.draft_batch
 
     def strict_level(*args):
         torch.cuda.set_sync_debug_mode("error")
         return forward_level(*args)
 
-    def transfer(self):
+    def batch(self, *args, **kwargs):
+        out = draft_batch(self, *args, **kwargs)
         torch.cuda.set_sync_debug_mode("default")
-        return to_host(self)
+        return out
 
-    monkeypatch.setattr(drafter, "_forward_level", strict_level)
-    monkeypatch.setattr(CycleTree, "to_host", transfer)
+    monkeypatch.setattr(drafter.steps, "level", strict_level)
+    monkeypatch.setattr(CycleTree, "draft_batch", batch)
     try:
         got = generate_speculative(target, drafter, prompts, GREEDY, 24, batch_size=4, static=True)
     finally:

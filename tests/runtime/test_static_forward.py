@@ -12,17 +12,15 @@ from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.static.forward import (
-    _SESSIONS,
     GraphedForward,
     StaticKVCache,
-    drop_sessions,
     slot_mask,
     static_forward,
 )
@@ -108,8 +106,8 @@ def test_plain_decoding_on_the_static_path_is_identical(target, plain):
         got = generate_plain(target, make_prompts(5), GREEDY, max_new_tokens=20, batch_size=5, static=True)
         assert [r.token_ids for r in got] == [r.token_ids for r in plain]
         if run == 0:
-            sessions = dict(_SESSIONS[target])
-    assert _SESSIONS[target] == sessions and len(sessions) == 1
+            sessions = dict(target.graph_sessions)
+    assert target.graph_sessions == sessions and len(sessions) == 1
     [forward] = sessions.values()
     assert forward.cache.capacity == 256 and set(forward.shapes) == {(5, 1)}
 
@@ -120,14 +118,14 @@ def test_attention_windows_follow_the_used_slots(target, plain, monkeypatch):
     from draftsmith.runtime.static import forward as module
 
     monkeypatch.setattr(module, "SPAN_STEP", 8)
-    drop_sessions(target)
+    target.graph_sessions.clear()
     got = generate_plain(target, make_prompts(5), GREEDY, max_new_tokens=20, batch_size=5, static=True)
     assert [r.token_ids for r in got] == [r.token_ids for r in plain]
-    [forward] = _SESSIONS[target].values()
+    [forward] = target.graph_sessions.values()
     spans = sorted({signature[0] for signature in forward.steps.entries})
     longest = max(len(p) for p in make_prompts(5)) + 20
     assert spans[0] < spans[-1] <= -(-longest // 8) * 8 < forward.cache.capacity
-    drop_sessions(target)
+    target.graph_sessions.clear()
 
 
 @pytest.mark.parametrize(
@@ -139,7 +137,7 @@ def test_speculative_decoding_on_the_static_path_is_greedy_identical(target, pla
     if drafter == "ngram":
         draft = NgramDrafter(spec)
     else:
-        draft = LMDrafter(target, spec, num_layers=None if drafter == "oracle" else 1)
+        draft = lm_drafter(target, spec, num_layers=None if drafter == "oracle" else 1)
     got = generate_speculative(
         target, draft, make_prompts(5), GREEDY, max_new_tokens=20, batch_size=5, static=True
     )
@@ -155,8 +153,8 @@ def test_feature_heads_on_the_static_path_are_greedy_identical(target, plain, tr
     eagle = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).eval()
     mtp = MtpHead(MtpConfig.for_target(target, num_modules=1)).eval()
     drafters = [
-        Eagle3Drafter(eagle, target, parse_tree_spec(tree)),
-        MtpDrafter(mtp, target, parse_tree_spec(tree), recursive=True),
+        eagle3_drafter(eagle, target, parse_tree_spec(tree)),
+        mtp_drafter(mtp, target, parse_tree_spec(tree), recursive=True),
     ]
     for drafter in drafters:
         got = generate_speculative(
@@ -175,7 +173,7 @@ def test_seeded_sampling_is_the_same_on_both_paths(target):
     runs = [
         generate_speculative(
             target,
-            LMDrafter(target, chain(3), num_layers=1),
+            lm_drafter(target, chain(3), num_layers=1),
             make_prompts(4),
             params,
             16,
@@ -201,7 +199,7 @@ def test_cuda_graph_replay_equals_the_eager_static_forward():
     got = generate_plain(target, prompts, GREEDY, max_new_tokens=24, batch_size=4, static=True)
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     spec = generate_speculative(
-        target, LMDrafter(target, chain(3), num_layers=1), prompts, GREEDY, 24, batch_size=4, static=True
+        target, lm_drafter(target, chain(3), num_layers=1), prompts, GREEDY, 24, batch_size=4, static=True
     )
     assert [r.token_ids for r in spec] == [r.token_ids for r in want]
 

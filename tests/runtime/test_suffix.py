@@ -289,11 +289,11 @@ def test_global_trie_drafts_other_requests_answers(target):
     drafter = SuffixDrafter(chain(4), "suffix:min_prob=0")
     other = [5, 6, 7]
     drafter.start([other], GREEDY, None)  # another request that answered like this one
-    drafter.propose([other + truth])
+    drafter.propose([other + truth], drafter.tree)
     drafter.retain([])
     assert drafter.cache.tokens == len(truth)
     drafter.start([prompt], GREEDY, None)
-    (draft,) = drafter.propose([prompt + truth[:4]])
+    (draft,) = drafter.propose([prompt + truth[:4]], drafter.tree).to_drafts()
     assert draft.tokens[1:] == truth[4:8]
     results = generate_speculative(target, drafter, [prompt], GREEDY, 16)
     assert results[0].token_ids == truth

@@ -34,9 +34,9 @@ from draftsmith.runtime.core.families import FULL, SUPPORTED_MODEL_TYPES
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.core.target_parts import TargetParts
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, load_head, save_head
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
@@ -260,13 +260,13 @@ def drafters(target):
     head = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, target.num_layers - 1])).eval()
     yield "ngram chain:3", NgramDrafter(parse_tree_spec("chain:3"))
     yield "ngram dynamic", NgramDrafter(parse_tree_spec("dynamic:depth=3,topk=2,tokens=6"))
-    yield "self chain:3", LMDrafter(target, parse_tree_spec("chain:3"), num_layers=target.num_layers - 1)
-    yield "self binary-3", LMDrafter(target, parse_tree_spec("static:binary-3"), num_layers=1)
-    yield "eagle3 chain:4", Eagle3Drafter(head, target, parse_tree_spec("chain:4"))
-    yield "eagle3 dynamic", Eagle3Drafter(head, target, parse_tree_spec("dynamic:depth=3,topk=2,tokens=6"))
+    yield "self chain:3", lm_drafter(target, parse_tree_spec("chain:3"), num_layers=target.num_layers - 1)
+    yield "self binary-3", lm_drafter(target, parse_tree_spec("static:binary-3"), num_layers=1)
+    yield "eagle3 chain:4", eagle3_drafter(head, target, parse_tree_spec("chain:4"))
+    yield "eagle3 dynamic", eagle3_drafter(head, target, parse_tree_spec("dynamic:depth=3,topk=2,tokens=6"))
     if target.family.mtp_block:
         mtp = MtpHead(MtpConfig.for_target(target, num_modules=2)).eval()
-        yield "mtp chain:2", MtpDrafter(mtp, target, parse_tree_spec("chain:2"))
+        yield "mtp chain:2", mtp_drafter(mtp, target, parse_tree_spec("chain:2"))
 
 
 def test_speculative_decoding_is_greedy_identical(target, plain):

@@ -24,9 +24,9 @@ from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
-from draftsmith.runtime.drafters.lm_drafter import LMDrafter
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+from draftsmith.runtime.drafters.lm_drafter import lm_drafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
@@ -238,15 +238,15 @@ def drafter_for(name, target, tree):
     if name == "ngram":
         return NgramDrafter(spec)
     if name.startswith("self:"):
-        return LMDrafter(target, spec, num_layers=int(name.split(":")[1]))
+        return lm_drafter(target, spec, num_layers=int(name.split(":")[1]))
     torch.manual_seed(0)
     if name == "eagle3":
-        return Eagle3Drafter(
+        return eagle3_drafter(
             Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).eval(), target, spec
         )
     head = MtpHead(MtpConfig.for_target(target, num_modules=2))
     head.init_from_target(target)
-    return MtpDrafter(head.eval(), target, spec, recursive=True)
+    return mtp_drafter(head.eval(), target, spec, recursive=True)
 
 
 GRID = [("ngram", "chain:3"), ("self:1", "chain:2"), ("self:2", "static:binary-3"),

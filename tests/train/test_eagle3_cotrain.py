@@ -24,7 +24,7 @@ from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.layouts import load_eagle3
 from draftsmith.runtime.verify.sampling import SamplingParams
@@ -217,7 +217,7 @@ def test_the_shipped_target_is_the_one_the_last_drift_report_scored(
 def test_speculative_decoding_with_the_cotrained_head_is_greedy_identical(lora_run):
     final = lora_run / "final"
     cotrained = Target.load(str(final / "target"), device="cpu")
-    drafter = Eagle3Drafter(load_eagle3(str(final), cotrained), cotrained, chain(2))
+    drafter = eagle3_drafter(load_eagle3(str(final), cotrained), cotrained, chain(2))
     prompts = [cotrained.encode("w1 w2 w3"), cotrained.encode("w7 w8"), cotrained.encode("w40 w41 w42 w43")]
     spec = generate_speculative(cotrained, drafter, prompts, SamplingParams(), 16)
     plain = generate_plain(cotrained, prompts, SamplingParams(), 16)
@@ -282,7 +282,7 @@ def test_full_cotraining_moves_the_weights_and_stays_lossless(
     head = load_eagle3(str(out / "final"), cotrained)
     prompts = [cotrained.encode("w1 w2 w3"), cotrained.encode("w9 w10")]
     spec = generate_speculative(
-        cotrained, Eagle3Drafter(head, cotrained, chain(2)), prompts, SamplingParams(), 12
+        cotrained, eagle3_drafter(head, cotrained, chain(2)), prompts, SamplingParams(), 12
     )
     assert [r.token_ids for r in spec] == [
         r.token_ids for r in generate_plain(cotrained, prompts, SamplingParams(), 12)

@@ -42,7 +42,7 @@ from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.heads.eagle3 import load_head
 from draftsmith.runtime.heads.layouts import load_eagle3, to_speculators
 from draftsmith.runtime.verify.sampling import SamplingParams
@@ -165,7 +165,7 @@ def test_speculative_decoding_with_the_trained_head_is_greedy_identical(run_dir,
     prompts = make_prompts(2, seed=1)
     plain = generate_plain(target, prompts, SamplingParams(), max_new_tokens=12)
     for spec in ("chain:3", "dynamic:depth=3,topk=2,tokens=6"):
-        drafter = Eagle3Drafter(head, target, parse_tree_spec(spec))
+        drafter = eagle3_drafter(head, target, parse_tree_spec(spec))
         for batch in (1, 2):
             got = generate_speculative(target, drafter, prompts, SamplingParams(), 12, batch_size=batch)
             assert [r.token_ids for r in got] == [r.token_ids for r in plain], (spec, batch)  # 0 mismatches

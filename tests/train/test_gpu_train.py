@@ -10,7 +10,7 @@ from train_data import tiny_train_overrides, write_conversations
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.heads.eagle3 import load_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
@@ -49,6 +49,6 @@ def test_bf16_training_on_cuda_and_drafting_with_its_head(tiny_dir, tmp_path):
     prompts = [target.encode("w1 w2 w3"), target.encode("w7 w8"), target.encode("w20 w21 w22 w23")]
     plain = generate_plain(target, prompts, SamplingParams(), 16, batch_size=3)
     for spec in ("chain:3", "dynamic:depth=3,topk=2,tokens=6"):
-        drafter = Eagle3Drafter(head, target, parse_tree_spec(spec))
+        drafter = eagle3_drafter(head, target, parse_tree_spec(spec))
         got = generate_speculative(target, drafter, prompts, SamplingParams(), 16, batch_size=3)
         assert [r.token_ids for r in got] == [r.token_ids for r in plain], spec

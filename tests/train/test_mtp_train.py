@@ -13,7 +13,7 @@ from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.drafters.mtp_drafter import MtpDrafter
+from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.heads.mtp import load_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain
@@ -37,7 +37,9 @@ metrics = read_metrics
 def decodes_losslessly(target, head_dir, depth=2):
     head = load_head(head_dir, target)
     prompts = [target.encode("w1 w2 w3"), target.encode("w7 w8")]
-    spec = generate_speculative(target, MtpDrafter(head, target, chain(depth)), prompts, SamplingParams(), 12)
+    spec = generate_speculative(
+        target, mtp_drafter(head, target, chain(depth)), prompts, SamplingParams(), 12
+    )
     plain = generate_plain(target, prompts, SamplingParams(), 12)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]  # zero mismatches
 

@@ -19,7 +19,7 @@ from train_data import read_metrics, run_overrides
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.speculative import generate_speculative
-from draftsmith.runtime.drafters.peagle_drafter import PEagleDrafter
+from draftsmith.runtime.drafters.peagle_drafter import peagle_drafter
 from draftsmith.runtime.heads.peagle import load_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain
@@ -141,7 +141,7 @@ def test_short_run_reports_each_block_position_and_decodes_losslessly(
     assert head.config.block_size == 3
     prompts = [tiny_target.encode("w1 w2 w3"), tiny_target.encode("w7 w8")]
     spec = generate_speculative(
-        tiny_target, PEagleDrafter(head, tiny_target, chain(3)), prompts, SamplingParams(), 12
+        tiny_target, peagle_drafter(head, tiny_target, chain(3)), prompts, SamplingParams(), 12
     )
     plain = generate_plain(tiny_target, prompts, SamplingParams(), 12)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]  # zero mismatches

@@ -39,7 +39,7 @@ def test_run_writes_metrics_checkpoints_and_a_loadable_head(
 ):
     from draftsmith.runtime.core.engine import generate_plain
     from draftsmith.runtime.core.speculative import generate_speculative
-    from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+    from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
     from draftsmith.runtime.heads.eagle3 import load_head
     from draftsmith.runtime.verify.sampling import SamplingParams
     from draftsmith.runtime.verify.tree import chain
@@ -61,7 +61,7 @@ def test_run_writes_metrics_checkpoints_and_a_loadable_head(
     trained = load_file(str(out / "checkpoints" / "step-000006" / "model.safetensors"))
     assert torch.equal(head.fc.weight, trained["head.fc.weight"])
     prompts = [tiny_target.encode("w1 w2 w3"), tiny_target.encode("w7 w8")]
-    drafter = Eagle3Drafter(head, tiny_target, chain(3))
+    drafter = eagle3_drafter(head, tiny_target, chain(3))
     spec = generate_speculative(tiny_target, drafter, prompts, SamplingParams(), 12)
     plain = generate_plain(tiny_target, prompts, SamplingParams(), 12)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]  # zero mismatches
@@ -72,7 +72,7 @@ def test_two_layer_norm_output_head_trains_and_drafts(tiny_dir, tiny_target, sou
     with zero greedy mismatches."""
     from draftsmith.runtime.core.engine import generate_plain
     from draftsmith.runtime.core.speculative import generate_speculative
-    from draftsmith.runtime.drafters.eagle3_drafter import Eagle3Drafter
+    from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
     from draftsmith.runtime.heads.eagle3 import load_head
     from draftsmith.runtime.verify.sampling import SamplingParams
     from draftsmith.runtime.verify.tree import parse_tree_spec
@@ -84,7 +84,7 @@ def test_two_layer_norm_output_head_trains_and_drafts(tiny_dir, tiny_target, sou
     head = load_head(out / "final", tiny_target)
     assert (head.config.num_layers, head.config.norm_output) == (2, True)
     prompts = [tiny_target.encode("w1 w2 w3"), tiny_target.encode("w7 w8")]
-    drafter = Eagle3Drafter(head, tiny_target, parse_tree_spec("dynamic:depth=3,topk=2,tokens=6"))
+    drafter = eagle3_drafter(head, tiny_target, parse_tree_spec("dynamic:depth=3,topk=2,tokens=6"))
     spec = generate_speculative(tiny_target, drafter, prompts, SamplingParams(), 12, batch_size=2)
     plain = generate_plain(tiny_target, prompts, SamplingParams(), 12)
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
