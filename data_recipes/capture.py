@@ -89,7 +89,7 @@ from draftsmith.data_recipes.parts import (
     whole_done,
 )
 from draftsmith.data_recipes.vocab import DATA_STEPS
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.aux_layers import (  # noqa: F401 (re-exported)
     AUX_LAYER_CONVENTION,
     default_aux_layers,

@@ -29,7 +29,7 @@ import torch
 from draftsmith.data_recipes.capture_storage import check_storage, decode, kept_positions
 from draftsmith.data_recipes.common import check_same_target
 from draftsmith.data_recipes.parts import require_whole
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 TOKEN_TENSORS = ("input_ids", "loss_mask", "aux_hidden", "last_hidden")
 SHARD_KEYS = (

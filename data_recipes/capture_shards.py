@@ -19,7 +19,7 @@ import torch
 
 from draftsmith.data_recipes.capture_storage import Storage
 from draftsmith.data_recipes.common import atomic_save_file
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 log = logging.getLogger("draftsmith.data_recipes.capture")
 

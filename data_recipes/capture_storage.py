@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.data_recipes import fp8
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith.data_recipes.capture")
 

@@ -26,7 +26,7 @@ from draftsmith.runtime.core.artifacts import (  # noqa: F401 (re-exported for t
     tokenizer_hash,
 )
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.core.errors import BadInputError, check_output_dir, read_json
+from draftsmith.runtime.errors import BadInputError, check_output_dir, read_json
 
 RECORD_FILE = "draftsmith_data.json"
 FORMAT_VERSION = 1

@@ -56,7 +56,7 @@ from draftsmith.data_recipes.vllm_engine import (
     in_tested_range,
     tested_vllm_range,
 )
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 log = logging.getLogger("draftsmith")
 

@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 
 from draftsmith.data_recipes.common import RECORD_FILE, content_hash, read_record, require_record
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 PART_RE = re.compile(r"part-(\d{5})-of-(\d{5})")
 

@@ -51,7 +51,7 @@ from draftsmith.data_recipes.common import (
 from draftsmith.data_recipes.sources import Conversation, iter_conversations, source_hash, validate_source
 from draftsmith.data_recipes.templating import render_and_mask
 from draftsmith.runtime.core.artifacts import pid_alive
-from draftsmith.runtime.core.errors import BadInputError, check_output_dir
+from draftsmith.runtime.errors import BadInputError, check_output_dir
 
 log = logging.getLogger("draftsmith")
 

@@ -50,7 +50,7 @@ from draftsmith.data_recipes.parts import (
 )
 from draftsmith.runtime.core.config import atomic_write_text
 from draftsmith.runtime.core.engine import decode_batch
-from draftsmith.runtime.core.errors import BadInputError, check_output_dir
+from draftsmith.runtime.errors import BadInputError, check_output_dir
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 log = logging.getLogger("draftsmith")

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.data_recipes.common import Summary, content_hash
-from draftsmith.runtime.core.errors import BadInputError, not_utf8
+from draftsmith.runtime.errors import BadInputError, not_utf8
 
 log = logging.getLogger("draftsmith")
 

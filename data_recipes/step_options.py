@@ -15,7 +15,7 @@ test_step_options.py).
 from __future__ import annotations
 
 from draftsmith.data_recipes.parts import check_shard_args
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 # argparse dest -> (flag, least value); a dest a step does not have (capture has no --batch-size) or left
 # unset (--tp-size: all processes) is skipped. The least values are the ones the steps refuse below.

@@ -34,8 +34,8 @@ import torch
 import torch.distributed
 
 from draftsmith.data_recipes.parts import check_shard_args, require_whole
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, renamed_fields
 from draftsmith.runtime.core.placement import Layout, check_placement, driving, follow
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
 
 log = logging.getLogger("draftsmith")
 TIMEOUT_FLAG = "--process-group-timeout-s"

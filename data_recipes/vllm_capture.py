@@ -32,7 +32,7 @@ import logging
 import os
 from collections import deque
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 

@@ -39,7 +39,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.workers.worker_process import start_worker, stop_worker, worker_env
 
 log = logging.getLogger("draftsmith")

@@ -52,7 +52,7 @@ from draftsmith.data_recipes.parts import (
     whole_done,
 )
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 log = logging.getLogger("draftsmith")

@@ -42,7 +42,7 @@ from draftsmith.data_recipes.common import (
 )
 from draftsmith.data_recipes.parts import load_prepared, require_whole
 from draftsmith.runtime.core.artifacts import check_draft_vocab_size, validate_draft_vocab  # noqa: F401
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger(__name__)
 

@@ -134,7 +134,7 @@ def graphed_verify_with(target, nodes: list[int], attention: str) -> dict[int, f
 def graphed_verify_ms(target, nodes: list[int], context: int, repeats: int = 20) -> dict[int, float]:
     """ms per verification forward of n chain tokens after `context` cached tokens, on the static path
     (a graph replay on CUDA): each call rewrites the same slots, so the cache does not grow."""
-    from draftsmith.runtime.static.forward import GraphedForward, StaticKVCache, static_forward
+    from draftsmith.runtime.core.static_forward import GraphedForward, StaticKVCache, static_forward
 
     device = target.device
     cache = StaticKVCache.for_target(target, 1, context + max(nodes))

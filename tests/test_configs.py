@@ -42,7 +42,7 @@ def test_config_loads(path):
 
 
 def test_demo_config_rejects_bad_values():
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
 
     with pytest.raises(BadInputError, match="repeats"):
         load_config(DemoConfig, CONFIGS / "demo-smollm2-135m.yaml", ["repeats=0"])

@@ -185,6 +185,48 @@ def test_serving_core_and_trainer_never_import_upward():
     assert not bad, "imports against the layering (docs/architecture.md, section 1):\n" + "\n".join(bad)
 
 
+# The runtime's layers in import order (runtime/__init__.py): a module imports only its own layer and the
+# layers before it, never one after, not even inside a function.
+RUNTIME_ORDER = ["errors", "verify", "core", "heads", "drafters", "speculator", "workers", "bench", "cli"]
+
+
+def runtime_layer(module: str) -> str | None:
+    """draftsmith.runtime.X[.Y] -> X (a sub-package or a top module), None outside the runtime's layers."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["draftsmith", "runtime"] and len(parts) > 2 else None
+
+
+def upward_edges(graph: dict[str, dict[str, int]], order: list[str] = RUNTIME_ORDER) -> list[str]:
+    rank = {name: i for i, name in enumerate(order)}
+    bad = []
+    for module, targets in sorted(graph.items()):
+        here = runtime_layer(module)
+        for target, line in sorted(targets.items()):
+            there = runtime_layer(target)
+            if here in rank and there in rank and rank[there] > rank[here]:
+                bad.append(f"{module} (line {line}) -> {target} [{here} -> {there}]")
+    return bad
+
+
+def test_runtime_layers_import_in_one_order():
+    mods = draftsmith_modules()
+    layers = {runtime_layer(m) for m in mods} - {None, "__init__"}
+    assert layers == set(RUNTIME_ORDER), f"runtime layers not in RUNTIME_ORDER: {layers ^ set(RUNTIME_ORDER)}"
+    bad = upward_edges(import_graph())
+    assert not bad, "imports against the runtime's layer order (runtime/__init__.py):\n" + "\n".join(bad)
+
+
+def test_layer_order_check_sees_an_upward_import():
+    """The control: a verify module importing a drafter (even inside a function) is reported."""
+    graph = {
+        "draftsmith.runtime.verify.tree": {"draftsmith.runtime.drafters.drafter": 7},
+        "draftsmith.runtime.drafters.drafter": {"draftsmith.runtime.verify.tree": 3},
+    }
+    assert upward_edges(graph) == [
+        "draftsmith.runtime.verify.tree (line 7) -> draftsmith.runtime.drafters.drafter [verify -> drafters]"
+    ]
+
+
 def test_no_import_cycle_among_draftsmith_modules():
     cycles = import_cycles(import_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from draftsmith.runtime.core.config import apply_override, from_dict, read_yaml
-from draftsmith.runtime.core.errors import BadInputError, Needs, check_needs, check_output_dir
+from draftsmith.runtime.errors import BadInputError, Needs, check_needs, check_output_dir
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import HeadSection
 
@@ -141,7 +141,7 @@ def _offline_only(key: str, unset: tuple) -> Needs:
     )
 
 
-# Keys that act only in one mode (runtime/core/errors.py Needs): set without it, refused naming it.
+# Keys that act only in one mode (runtime/errors.py Needs): set without it, refused naming it.
 NEEDS = (
     _offline_only("storage_dtype", ("bfloat16",)),  # the capture's storage: online steps run the target
     _offline_only("fp8_last_hidden", (False,)),

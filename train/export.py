@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.runtime.core.errors import BadInputError, check_output_dir, read_json
+from draftsmith.runtime.errors import BadInputError, check_output_dir, read_json
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.fp8_checkpoint import check_quantize
 from draftsmith.runtime.heads.head_kind import HeadKind, LayoutOptions

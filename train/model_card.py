@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import ServeArgs
 

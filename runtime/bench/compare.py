@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from draftsmith.runtime.bench.cycle_fields import cycle_fields
 from draftsmith.runtime.bench.prompt_sets import BenchPrompt
 from draftsmith.runtime.bench.types import BatchOutput, SpecCounters
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 WARMUP_TOKENS = 8

@@ -27,7 +27,7 @@ import torch
 
 from draftsmith.runtime.bench.types import BatchOutput
 from draftsmith.runtime.bench.worker_method import FIELD, WorkerMethod, find_python
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.workers.worker_process import worker_env
 

@@ -18,7 +18,7 @@ Method specs:
                           without GGUF the one the target was converted from (the embedded target's Q4_1)
     llamacpp-lookup[:GGUF]  the same with llama-cpp-python's prompt-lookup draft (10 tokens)
     plain+graphs, DRAFT@TREE+graphs   draftsmith's GPU engine path: static KV cache, CUDA graphs for the
-                          target's forwards (runtime/static/forward.py; eager on a CPU)
+                          target's forwards (runtime/core/static_forward.py; eager on a CPU)
     METHOD+torch-linears  the same draftsmith method with F.linear in every target linear (--cpu-linears
                           torch for this row alone): the before of runtime/core/row_linear.py, side by side
     DRAFT@chain:K+ssd[:F] speculative speculative decoding in process (runtime/drafters/ssd.py, `generate
@@ -38,7 +38,7 @@ import torch
 
 from draftsmith.runtime.bench.llamacpp_method import is_llamacpp_method
 from draftsmith.runtime.bench.types import BASELINE_KINDS, BatchOutput, Method, SpecCounters, is_baseline
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.speculator import SpecConfig, Speculator, build_speculator
 
 HF_LOOKUP_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.runtime.core.errors import BadInputError, read_text
+from draftsmith.runtime.errors import BadInputError, read_text
 
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftsmith.runtime.bench.report import plot_labels
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.tree import parse_tree_spec
 
 COMPUTE_BOUND = 0.5  # an extra verified token costing >= half a plain step: compute-bound

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.bench.compare import check_request_inputs
-from draftsmith.runtime.core.errors import BadInputError, check_output_dir
 from draftsmith.runtime.core.quantize import parse_quantize
 from draftsmith.runtime.core.row_linear import check_mode
 from draftsmith.runtime.drafters.drafting import default_trees
+from draftsmith.runtime.errors import BadInputError, check_output_dir
 from draftsmith.runtime.speculator import SpecConfig, prepare_target
 
 log = logging.getLogger("draftsmith")

@@ -166,7 +166,7 @@ def fit_cost(cycles: list[Cycle], latency_s: float = 0.0) -> CostModel:
 
 
 def read_trace(path: str | Path) -> list[Cycle]:
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
 
     cycles = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):

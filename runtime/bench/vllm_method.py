@@ -31,7 +31,7 @@ from pathlib import Path
 
 from draftsmith.runtime.bench.types import BatchOutput, SpecCounters
 from draftsmith.runtime.bench.worker_method import FIELD, WorkerMethod, find_python
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import HeadKind, LayoutOptions
 from draftsmith.runtime.verify.sampling import SamplingParams

@@ -26,7 +26,7 @@ import weakref
 from pathlib import Path
 
 from draftsmith.runtime.bench.types import Method
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.workers.worker_process import start_worker, stop_worker
 
 FIELD = "--baselines"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from draftsmith.runtime.core.errors import check_needs, check_output_dir, check_output_file, flag_needs
+from draftsmith.runtime.errors import check_needs, check_output_dir, check_output_file, flag_needs
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -22,7 +22,7 @@ def declare_outputs(
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse (exit 2) any declared output path that cannot be written: a file where a folder goes, a
-    folder where a file goes, a path under a file (runtime/core/errors.py)."""
+    folder where a file goes, a path under a file (runtime/errors.py)."""
     checks = [(flag, check_output_dir) for flag in getattr(args, "output_dirs", ())]
     checks += [(flag, check_output_file) for flag in getattr(args, "output_files", ())]
     for flag, check in checks:
@@ -32,7 +32,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def declare_needs(p: argparse.ArgumentParser, *rules) -> None:
-    """Options of `p` that act only in one mode (runtime/core/errors.py `Needs`), added to its table."""
+    """Options of `p` that act only in one mode (runtime/errors.py `Needs`), added to its table."""
     p.set_defaults(needs=[*(p.get_default("needs") or []), *rules])
 
 

@@ -16,7 +16,7 @@ from draftsmith.runtime.cli.args import (
     declare_outputs,
     int_arg,
 )
-from draftsmith.runtime.core.errors import BadInputError, flag_needs
+from draftsmith.runtime.errors import BadInputError, flag_needs
 
 
 def number_list(name: str, kind):

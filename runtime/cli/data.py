@@ -16,7 +16,7 @@ from draftsmith.runtime.cli.args import (
     finite_float_arg,
     int_arg,
 )
-from draftsmith.runtime.core.errors import flag_needs
+from draftsmith.runtime.errors import flag_needs
 
 DATA_DESCRIPTION = (
     "Data recipes for head training. Each step writes a folder with a draftsmith_data.json record\n"

@@ -44,15 +44,15 @@ import torch
 from draftsmith.runtime.bench.reading import Block, curve_table, reading, side_by_side, verified_tokens
 from draftsmith.runtime.bench.types import is_baseline
 from draftsmith.runtime.core.config import atomic_write_text, load_config, save_config
-from draftsmith.runtime.core.errors import (
+from draftsmith.runtime.core.quantize import check_device, parse_quantize
+from draftsmith.runtime.core.row_linear import check_mode
+from draftsmith.runtime.errors import (
     BadInputError,
     DraftsmithError,
     check_output_dir,
     read_json,
     renamed_fields,
 )
-from draftsmith.runtime.core.quantize import check_device, parse_quantize
-from draftsmith.runtime.core.row_linear import check_mode
 
 log = logging.getLogger("draftsmith")
 QUICK_TRAIN = [  # --quick: about 5 minutes of training on 2 cores

@@ -6,7 +6,7 @@ import argparse
 import textwrap
 
 from draftsmith.runtime.cli.args import Formatter, declare_needs, declare_outputs
-from draftsmith.runtime.core.errors import flag_needs
+from draftsmith.runtime.errors import flag_needs
 
 INTRO = (
     "Export a head folder (or a run folder: its final/) in a layout engines load. Every export is\n"

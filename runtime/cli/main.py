@@ -33,7 +33,7 @@ from draftsmith.runtime.cli.bench import add_bench
 from draftsmith.runtime.cli.data import add_data
 from draftsmith.runtime.cli.export import add_export
 from draftsmith.runtime.cli.ssd import add_ssd_args, ssd_fields, write_trace
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, flag_needs
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, flag_needs
 
 log = logging.getLogger("draftsmith")
 

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from draftsmith.runtime.cli.args import declare_needs, int_arg
-from draftsmith.runtime.core.errors import flag_needs
+from draftsmith.runtime.errors import flag_needs
 from draftsmith.runtime.speculator import DraftProcess, SpecConfig
 
 # --ssd-fanout and --ssd-saguaro when unset (their flags default to None: set without --ssd is refused)

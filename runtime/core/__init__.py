@@ -1,4 +1,4 @@
-"""The serving core's base: the target, its caches, plain and speculative decoding, configs, errors.
+"""The serving core's base: the target, its caches, plain and speculative decoding, configs.
 
 - `target` (the target adapter: forward over a KV cache with positions and tree masks, hidden states
   after chosen layers, norm and LM head), `families` (the registry of target families: what the adapter
@@ -13,7 +13,8 @@
 - `quantize`: weight-only int8/int4 (CPU) and fp8 (CUDA) linears for the target and for drafts;
 - `row_linear`: fp32 CPU linears over few rows as `W @ x^T` where it measured faster (`--cpu-linears`);
 - engines: `engine` (plain decoding), `speculative` (propose -> verify in one forward -> accept -> commit),
-  `cycle_timing` (each cycle's draft and verify time);
-- shared: `config` (strict dataclass + YAML configs), `errors` (exit code 2 for bad input), `prompts`
+  `cycle_timing` (each cycle's draft and verify time), `static_forward` (the GPU engine path: the
+  target's forward on a static cache written through device-side indices, one CUDA graph per shape);
+- shared: `config` (strict dataclass + YAML configs), `prompts`
   (prompt files), `artifacts` (hashes, atomic tensor files, draft-vocabulary files).
 """

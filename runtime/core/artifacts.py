@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.core.families import family_of
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 
 def content_hash(value) -> str:

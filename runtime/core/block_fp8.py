@@ -58,7 +58,7 @@ import torch
 
 from draftsmith.runtime.core.artifacts import atomic_save_file, open_tensors
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.core.errors import (
+from draftsmith.runtime.errors import (
     BadInputError,
     DraftsmithError,
     check_output_dir,

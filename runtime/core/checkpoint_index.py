@@ -25,7 +25,7 @@ from draftsmith.runtime.core.block_fp8 import (
     dequantize_read,
     split_scales,
 )
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 
 INDEX_FILE, SINGLE_FILE = "model.safetensors.index.json", "model.safetensors"
 

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 C = TypeVar("C")
 YAML_BOOL_WORDS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}

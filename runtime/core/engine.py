@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.static_forward import causal, static_forward, static_session
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.static.forward import causal, static_forward, static_session
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams, make_generators, next_tokens
 
 
@@ -111,7 +111,7 @@ def generate_plain(
     static: bool = False,
 ) -> list[GenerationResult]:
     """Decode every prompt (token ids); rows are grouped into batches of `batch_size` in order. `static`
-    runs the target on a preallocated cache with CUDA graphs (runtime/static/forward.py)."""
+    runs the target on a preallocated cache with CUDA graphs (runtime/core/static_forward.py)."""
     results: list[GenerationResult] = []
     for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, "generate"):
         generators = None if params.greedy else make_generators(seed, rows, target.device)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types values
 

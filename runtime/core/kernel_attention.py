@@ -21,7 +21,7 @@ import functools
 import torch
 
 from draftsmith import kernels
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 NAMES = {True: "draftsmith_tree", "triton": "draftsmith_tree", "flex": "draftsmith_flex", False: "sdpa"}
 

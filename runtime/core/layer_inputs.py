@@ -12,7 +12,7 @@ its own history: the valid prefix slots (the committed sequence, compacted, hole
 and its tree ancestors, then itself, each one position after the previous. So q - k for a visible slot
 is the number of visible slots after it, and the window keeps the slots with fewer than `window`
 visible slots at or after them, itself included: no positions need to be stored per slot, and the same
-device ops serve the graphed path (runtime/static/forward.py).
+device ops serve the graphed path (runtime/core/static_forward.py).
 
 Eager attention (Gemma 2) adds its mask to the scores: the boolean mask becomes 0 where seen and the
 dtype's minimum elsewhere, as transformers' eager masks are.

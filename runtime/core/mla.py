@@ -18,8 +18,8 @@ values of v_head_dim (runtime/core/kernel_attention.py pads them for the kernels
 
 from __future__ import annotations
 
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.core.families import find_family
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 
 def cache_dims(config, tp_size: int = 1, attention=None) -> tuple[int, int, int]:

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.core.families import FAMILIES, family_of
 from draftsmith.runtime.core.placement_moe import (
     EP_RULES,
@@ -48,6 +47,7 @@ from draftsmith.runtime.core.placement_moe import (
     split_widths,
 )
 from draftsmith.runtime.core.transformers_range import check_transformers
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 PLACEMENTS = ("replicate", "tp", "ep")
 PLACEMENT_KEY, TP_KEY, EP_KEY = "target_placement", "tp_size", "ep_size"

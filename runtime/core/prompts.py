@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from draftsmith.runtime.core.errors import BadInputError, read_text
+from draftsmith.runtime.errors import BadInputError, read_text
 
 
 def read_prompts_file(path: str | Path) -> list[str]:

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger(__name__)
 GPU_ONLY_FP8 = (

@@ -38,8 +38,8 @@ from draftsmith.runtime.core.engine import (
     token_budgets,
 )
 from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.static_forward import GraphedForward
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.static.forward import GraphedForward
 from draftsmith.runtime.verify.batch_accept import Fetched, accept_batch, fetch
 from draftsmith.runtime.verify.draft_batch import DraftBatch, to_device
 from draftsmith.runtime.verify.load_aware import LoadAwareDepth
@@ -64,7 +64,7 @@ def generate_speculative(
 ) -> list[GenerationResult]:
     """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order.
     With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step).
-    `static` verifies on a preallocated cache with CUDA graphs (runtime/static/forward.py); rows then
+    `static` verifies on a preallocated cache with CUDA graphs (runtime/core/static_forward.py); rows then
     stay in the batch until all finish (fixed shapes), their late outputs ignored. Each cycle's draft and
     verify time is recorded per row (`sync_timing`: synchronize CUDA at the phase boundaries,
     runtime/core/cycle_timing.py)."""

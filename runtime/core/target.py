@@ -27,13 +27,13 @@ import torch
 
 from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_names, weights_hash_of_tensors
 from draftsmith.runtime.core.block_fp8 import block_fp8_of, load_block_fp8_model, split_load_error
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of, find_family
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes, needs_mask
 from draftsmith.runtime.core.masks import attention_mask, is_plain_causal
 from draftsmith.runtime.core.mla import cache_dims
 from draftsmith.runtime.core.targets import resolve_target
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +153,9 @@ class Target(TargetPieces):
         # weight-only quantization (runtime/core/quantize.py): what runs, and the checkpoint's weights_hash
         self.quantization: str | None = None
         self.source_weights_hash: str | None = None
-        # the static engine path's graphed forwards by shape (runtime/static/forward.py `static_session`):
-        # captured once per shape, like a server at start-up; dropped when the attention function changes
+        # the static engine path's graphed forwards by shape (runtime/core/static_forward.py,
+        # `static_session`): captured once per shape, like a server at start-up; dropped when the
+        # attention function changes
         self.graph_sessions: dict = {}
 
     @classmethod

@@ -26,10 +26,10 @@ from torch import nn
 
 from draftsmith.runtime.core.artifacts import weights_hash_names, weights_hash_of_tensors
 from draftsmith.runtime.core.checkpoint_index import INDEX_FILE, SINGLE_FILE, Checkpoint  # noqa: F401 (re-exported)
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.core.target import TargetPieces, pick_device, pick_dtype
 from draftsmith.runtime.core.targets import resolve_target
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from draftsmith.runtime.core.artifacts import open_tensors, pid_alive
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
 from draftsmith.runtime.core.families import SUPPORTED_MODEL_TYPES, family_of, find_family  # noqa: F401 (re-exported)
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ than split wrongly. pyproject.toml's range is the same one: bump both together a
 
 from __future__ import annotations
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 TESTED = ((5, 24), (5, 25))  # (major, minor) releases the distributed tests ran on
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.kv_cache import KVCache
-from draftsmith.runtime.drafters.drafter import param_ratio
+from draftsmith.runtime.drafters.drafter import on_target, param_ratio
 from draftsmith.runtime.drafters.grower import Level, ModelDrafter
 from draftsmith.runtime.drafters.lm_drafter import pending_inputs
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.dflash import DFlashHead, block_mask, check_block_size
 from draftsmith.runtime.heads.medusa_tree import parse_medusa_tree
 from draftsmith.runtime.verify.draft_batch import to_device
@@ -154,6 +154,6 @@ def dflash_drafter(
     elif isinstance(tree, str):
         tree = parse_medusa_tree(tree)  # cartesian:K1,.. is a tree over per-position top-k
     check_depth(tree, size)
-    head = head.to(device=target.device, dtype=target.dtype)
+    head = on_target(head, target)
     cost = param_ratio(head, target) / max(tree.max_depth, 1)
     return ModelDrafter(DFlashSteps(head, target, size), tree, "dflash", cost, children)

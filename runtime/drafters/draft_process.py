@@ -39,8 +39,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.drafters.drafter import Drafter
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch
 from draftsmith.runtime.verify.tree import Tree, chain
 

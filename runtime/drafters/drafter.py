@@ -15,7 +15,8 @@ on the device (runtime/verify/draft_batch.py):
 they have already computed); the tokens it has not seen yet, including the recovered or bonus token,
 reach it as the head of the next `contexts`. `fetched[i]` is row i of the batch's `fetched` columns,
 which the engine brings to the host with the cycle's one transfer. `static_slots` (the engine's static
-path) asks model drafters to draft on a preallocated cache with CUDA graphs (runtime/static/draft.py).
+path) asks model drafters to draft on a preallocated cache with CUDA graphs
+(runtime/drafters/static_steps.py).
 The model drafters are one `ModelDrafter` (runtime/drafters/grower.py) over a step model each; n-gram,
 suffix and SSD build host `Draft`s. Drafters import this module, never runtime/drafters/drafting.py
 (which builds them from `--draft` specs and so imports them).
@@ -91,6 +92,15 @@ class Drafter:
         new = copy.copy(self)
         new.tree, new.forwards = tree, 0
         return new
+
+
+def on_target(module: torch.nn.Module, target) -> torch.nn.Module:
+    """The module on the target's device and dtype; one already there is left alone (a loaded int8 head's
+    scales stay bf16: `.to(dtype)` would cast them)."""
+    weight = next(module.parameters(), None)  # None: every linear quantized (buffers only)
+    if weight is None or (weight.device == torch.device(target.device) and weight.dtype == target.dtype):
+        return module
+    return module.to(device=target.device, dtype=target.dtype)
 
 
 def count_params(module: torch.nn.Module) -> int:

@@ -24,8 +24,8 @@ The drafters without a model or head are switched on here; head kinds are looked
 
 from __future__ import annotations
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.drafters.drafter import Drafter  # noqa: F401 (re-exported)
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH  # noqa: F401 (re-exported)
 from draftsmith.runtime.verify.tree import TreeSpec, chain
@@ -78,9 +78,13 @@ def build_drafter(
     found = head_kinds.draft_kind(spec)
     if found is not None:
         head_kind, arg = found
-        from draftsmith.runtime.heads.int8_folder import make_head_drafter  # an int8 folder loads as int8
+        from draftsmith.runtime.drafters.registry import head_drafter
+        from draftsmith.runtime.heads.int8_folder import load_draft_head  # an int8 folder loads as int8
 
-        return make_head_drafter(head_kind, arg, target, tree, device, dtype)
+        head, options, quantization = load_draft_head(head_kind, arg, target)
+        drafter = head_drafter(head_kind.name, head, target, tree, options)
+        drafter.quantization = quantization  # TODO(composition): the drafter would own its precision
+        return drafter
     raise BadInputError("--draft", spec, f"one of {', '.join(draft_specs())}")
 
 

@@ -14,7 +14,7 @@ nodes (the same forward; no second target pass). Each cycle the drafter:
   3. on commit, drops every tree slot from its cache: the accepted tokens come back next cycle paired
      with the target's real features, which is what the head was trained on.
 On the engine's static path (`static_slots` set) steps 1 and 2 run on a static cache as CUDA graphs
-(runtime/static/draft.py), the forward chosen once per batch; the tokens, masks and results are the
+(runtime/drafters/static_steps.py), the forward chosen once per batch; the tokens, masks and results are the
 same. `PairCache` (the pairs consumed and pending) is shared with P-EAGLE (peagle_drafter.py).
 """
 
@@ -23,13 +23,13 @@ from __future__ import annotations
 import torch
 
 from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.static_forward import causal
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafter import param_ratio
 from draftsmith.runtime.drafters.grower import Level, ModelDrafter, is_chain
 from draftsmith.runtime.drafters.lm_drafter import level_mask, pending_inputs
+from draftsmith.runtime.drafters.static_steps import eagle3_steps
 from draftsmith.runtime.heads.eagle3 import Eagle3Head
-from draftsmith.runtime.static.draft import eagle3_steps
-from draftsmith.runtime.static.forward import causal
 from draftsmith.runtime.verify.draft_batch import to_device
 from draftsmith.runtime.verify.draft_tree import CycleTree
 from draftsmith.runtime.verify.tree import TreeSpec
@@ -77,15 +77,30 @@ class PairCache:
         self.features = [self.features[r] for r in rows]
 
 
-class Eagle3Steps:
-    slots = None  # commit drops every tree slot
+class PairSteps:
+    """What EAGLE-3's and P-EAGLE's step models share: a head over (token, target feature) pairs whose
+    state is a PairCache; commit drops every draft slot (the accepted tokens return next cycle with the
+    target's real features)."""
 
-    def __init__(self, head: Eagle3Head, target: Target):
+    slots = None
+
+    def __init__(self, head, target: Target):
         self.head, self.model, self.device = head, target, target.device
         self.capture_layers = tuple(head.config.aux_layer_ids)
         self.forwards = 0
         self.sessions: dict = {}  # graphed steps by shape (the static path), captured once
 
+    def commit(self, accepted, features=None, fetched=None) -> None:
+        self.state.commit(features)
+
+    def skip(self, features=None) -> None:
+        self.state.skip(features)
+
+    def retain(self, rows: list[int]) -> None:
+        self.state.retain(rows, self.device)
+
+
+class Eagle3Steps(PairSteps):
     def start(self, prompts, features=None, static_slots: int | None = None) -> None:
         self.static = bool(static_slots)
         if static_slots:  # the engine's static path: one static cache, graphed steps
@@ -132,15 +147,6 @@ class Eagle3Steps:
         self.forwards += 1
         cycle.keep_features(level.nodes, feature)
         return logits
-
-    def commit(self, accepted, features=None, fetched=None) -> None:
-        self.state.commit(features)
-
-    def skip(self, features=None) -> None:
-        self.state.skip(features)
-
-    def retain(self, rows: list[int]) -> None:
-        self.state.retain(rows, self.device)
 
 
 def eagle3_drafter(head: Eagle3Head, target: Target, tree: TreeSpec, children: str = "auto") -> ModelDrafter:

@@ -29,8 +29,8 @@ import copy
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.drafters.drafter import Drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.draft_batch import DraftBatch, to_device
 from draftsmith.runtime.verify.draft_tree import CycleTree
 from draftsmith.runtime.verify.sampling import SamplingParams, logits_to_probs

@@ -12,7 +12,7 @@
            holds each node comes back in the proposal's `fetched` columns (the cycle's one transfer); an
            accepted node that was never forwarded is simply forwarded next cycle with the bonus token.
 The forward is chosen once per batch: the model's own on a growing cache, or, on the engine's static
-path, graphed steps on a static cache (runtime/static/draft.py `lm_steps`); tokens, masks and results
+path, graphed steps on a static cache (runtime/drafters/static_steps.py `lm_steps`); tokens, masks and results
 are the same.
 """
 
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError, renamed_fields
 from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.static_forward import causal
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafter import param_ratio
 from draftsmith.runtime.drafters.grower import Level, ModelDrafter, is_chain
-from draftsmith.runtime.static.draft import lm_steps
-from draftsmith.runtime.static.forward import causal
+from draftsmith.runtime.drafters.static_steps import lm_steps
+from draftsmith.runtime.errors import BadInputError, renamed_fields
 from draftsmith.runtime.verify.draft_batch import to_device
 from draftsmith.runtime.verify.draft_tree import CycleTree
 from draftsmith.runtime.verify.tree import TreeSpec

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
-from draftsmith.runtime.drafters.drafter import count_params
+from draftsmith.runtime.drafters.drafter import count_params, on_target
 from draftsmith.runtime.drafters.grower import Level, ModelDrafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.medusa import MedusaHeads, count_parameters
 from draftsmith.runtime.heads.medusa_tree import parse_medusa_tree
 from draftsmith.runtime.verify.draft_batch import to_device
@@ -95,7 +95,7 @@ def medusa_drafter(target, heads: MedusaHeads, tree: TreeSpec | str | None = Non
     elif isinstance(tree, str):
         tree = parse_medusa_tree(tree, heads.config.accuracies)
     check_depth(tree, heads.config.num_heads)
-    heads = heads.to(device=target.device, dtype=target.dtype)
+    heads = on_target(heads, target)
     own, read = count_parameters(heads, target)
     per_level = own / heads.config.num_heads + (read - own)  # one head's weights + the shared LM head
     cost = per_level / count_params(target.model)

@@ -14,8 +14,8 @@ further per depth, its input feature being its own output at the parent, like an
 also sees the slots of its ancestors that it forwarded this cycle. On commit every module drops its
 draft slots: the accepted tokens come back next cycle with the target's real features. On the engine's
 static path (`static_slots` set) every module forward runs on a static cache as a CUDA graph
-(runtime/static/draft.py), chosen once per batch, with the same tokens, masks and results. `MtpSteps` is
-the step model the tree grower (runtime/drafters/grower.py) drives.
+(runtime/drafters/static_steps.py), chosen once per batch, with the same tokens, masks and results.
+`MtpSteps` is the step model the tree grower (runtime/drafters/grower.py) drives.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.kv_cache import KVCache
+from draftsmith.runtime.core.static_forward import causal
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafter import count_params, param_ratio
 from draftsmith.runtime.drafters.grower import Level, ModelDrafter
 from draftsmith.runtime.drafters.lm_drafter import level_mask, pending_inputs
+from draftsmith.runtime.drafters.static_steps import mtp_steps
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.mtp import MtpHead
-from draftsmith.runtime.static.draft import mtp_steps
-from draftsmith.runtime.static.forward import causal
 from draftsmith.runtime.verify.draft_batch import to_device
 from draftsmith.runtime.verify.draft_tree import CycleTree
 from draftsmith.runtime.verify.tree import TreeSpec

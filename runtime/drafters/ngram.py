@@ -14,8 +14,8 @@ Static trees of other shapes need per-node alternatives n-gram lookup does not r
 
 from __future__ import annotations
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.drafters.drafter import Drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch, root_only
 from draftsmith.runtime.verify.tree import DynamicTree, Tree, TreeSpec
 

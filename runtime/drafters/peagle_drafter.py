@@ -29,20 +29,15 @@ import torch
 
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafter import param_ratio
-from draftsmith.runtime.drafters.eagle3_drafter import PairCache
+from draftsmith.runtime.drafters.eagle3_drafter import PairCache, PairSteps
 from draftsmith.runtime.drafters.grower import Level, ModelDrafter
 from draftsmith.runtime.heads.peagle import PEagleHead, check_block
 from draftsmith.runtime.verify.draft_tree import CycleTree
 from draftsmith.runtime.verify.tree import TreeSpec
 
 
-class PEagleSteps:
-    slots = None  # commit drops the block's slots (they sit after the widest row's pairs)
-
-    def __init__(self, head: PEagleHead, target: Target):
-        self.head, self.model, self.device = head, target, target.device
-        self.capture_layers = tuple(head.config.aux_layer_ids)
-        self.forwards = 0
+class PEagleSteps(PairSteps):
+    """commit drops the block's slots too: they sit after the widest row's pairs."""
 
     def start(self, prompts, features=None, static_slots: int | None = None) -> None:
         """No static path for this kind: the drafter always runs on its dynamic cache."""
@@ -74,15 +69,6 @@ class PEagleSteps:
     def level(self, cycle: CycleTree, level: Level) -> torch.Tensor:
         """The frontier at depth d takes its children from the block's depth-(d+1) logits -> [B, F, V]."""
         return self.block_logits[:, level.depth, None].expand(-1, level.nodes.shape[1], -1)
-
-    def commit(self, accepted, features=None, fetched=None) -> None:
-        self.state.commit(features)
-
-    def skip(self, features=None) -> None:
-        self.state.skip(features)
-
-    def retain(self, rows: list[int]) -> None:
-        self.state.retain(rows, self.device)
 
 
 def peagle_drafter(head: PEagleHead, target: Target, tree: TreeSpec, children: str = "auto") -> ModelDrafter:

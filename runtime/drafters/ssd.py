@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.drafters.drafter import Drafter
 from draftsmith.runtime.drafters.grower import ModelDrafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch
 from draftsmith.runtime.verify.ssd_fanout import (
     DEFAULT_EXPONENT,

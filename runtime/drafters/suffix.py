@@ -29,9 +29,9 @@ import math
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.drafters.drafter import Drafter
 from draftsmith.runtime.drafters.suffix_tree import ResponseCache, SpecLimits, SuffixTrie, speculate
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch, root_only
 from draftsmith.runtime.verify.tree import DynamicTree, Tree, TreeSpec
 

@@ -35,7 +35,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.aux_layers import default_aux_layers
 from draftsmith.runtime.heads.eagle3 import check_feature_head, draft_layer_fields
 from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder

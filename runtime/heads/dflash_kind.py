@@ -1,8 +1,8 @@
 """The DFlash head kind: what runtime/heads/head_kinds.py registers for `dflash` (runtime/heads/head_kind.py
 says what a kind declares).
 
-    KIND.make_drafter("runs/dflash/final", target, chain(7), "auto", "auto")      # --draft dflash:DIR
-    KIND.make_drafter("runs/dflash/final#block=8", target, chain(7), "auto", "auto")   # a smaller block
+    head, options = KIND.load_draft("runs/dflash/final", target)           # --draft dflash:DIR
+    head, options = KIND.load_draft("runs/dflash/final#block=8", target)   # {"block": 8}: a smaller block
     KIND.parse_tree("runs/dflash/final", "cartesian:3,2,1")       # a tree over per-position top-k
     KIND.all_layouts()["speculators"].write(head_folder, out, LayoutOptions(verifier="org/model"))
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from draftsmith.runtime.core.artifacts import atomic_save_file, check_round_trip, parameter_summary
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
 from draftsmith.runtime.heads.dflash import DEFAULT_BLOCK, check_block_size
 from draftsmith.runtime.heads.head_kind import (
     DEFAULT_DEPTH,
@@ -79,12 +79,12 @@ def split_arg(arg: str) -> tuple[str, int | None]:
     return folder, int(size)
 
 
-def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    from draftsmith.runtime.drafters.dflash_drafter import dflash_drafter
+def load_draft(arg: str, target):
+    """`dflash:DIR[#block=N]` -> the head and {"block": N or None (the trained block)}."""
     from draftsmith.runtime.heads.dflash_layout import load_dflash
 
     folder, block = split_arg(arg)
-    return dflash_drafter(target, load_dflash(folder, target), tree, block)
+    return load_dflash(folder, target).to(device=target.device, dtype=target.dtype), {"block": block}
 
 
 def parse_tree(arg: str, spec: str):
@@ -188,7 +188,7 @@ KIND = HeadKind(
     "a smaller block",
     module_class=_module,
     section=DFlashSection,
-    make_drafter=make_drafter,
+    load_draft=load_draft,
     spec="dflash:DIR[#block=N]",
     layouts={
         "speculators": Layout(

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.core.artifacts import load_tensors
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.aux_layers import AUX_LAYER_CONVENTION
 from draftsmith.runtime.heads.dflash import DFlashConfig, DFlashHead, check_head_matches_target, load_head
 from draftsmith.runtime.heads.head_folder import CONFIG_FILE, WEIGHTS_FILE, fill_strict

@@ -32,10 +32,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import find_family
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.masks import attention_mask
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.aux_layers import default_aux_layers
 from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder
 

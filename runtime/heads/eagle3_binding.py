@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.targets import folder_weights_hash  # noqa: F401 (re-exported: mtp_kind, tests)
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 

@@ -2,7 +2,7 @@
 says
 what a kind declares).
 
-    KIND.make_drafter("runs/eagle3/final", target, chain(2), "auto", "auto")   # --draft eagle3:DIR
+    head, options = KIND.load_draft("runs/eagle3/final", target)   # --draft eagle3:DIR
     KIND.all_layouts()["speculators"].write(head_folder, out, LayoutOptions(verifier="org/model"))
 
 The head is runtime/heads/eagle3.py, its drafter runtime/drafters/eagle3_drafter.py, its engine layouts
@@ -25,7 +25,7 @@ from draftsmith.runtime.core.artifacts import (
     open_tensors,
     parameter_summary,
 )
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
 from draftsmith.runtime.heads.eagle3_binding import binding_details, check_export_target
 from draftsmith.runtime.heads.head_kind import (
     CotrainSection,
@@ -90,12 +90,10 @@ class Eagle3Section(CotrainSection):
         )
 
 
-def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+def load_draft(arg: str, target) -> tuple[Eagle3Head, dict]:
     from draftsmith.runtime.heads.layouts import load_eagle3
 
-    head = load_eagle3(arg, target).to(device=target.device, dtype=target.dtype)
-    return eagle3_drafter(head, target, tree)
+    return load_eagle3(arg, target).to(device=target.device, dtype=target.dtype), {}
 
 
 def read_any(folder: str, target=None) -> Eagle3Head:
@@ -219,7 +217,7 @@ KIND = HeadKind(
     "output says how foreign aux-layer ids read, #any-target pairs a co-trained head with another target",
     module_class=_module,
     section=Eagle3Section,
-    make_drafter=make_drafter,
+    load_draft=load_draft,
     cotrain=True,  # the target may train with the head (train/objectives/eagle3_cotrain.py)
     spec="eagle3:DIR",
     layouts={

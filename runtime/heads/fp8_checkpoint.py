@@ -51,7 +51,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 QUANTIZE_MODES = ("fp8", "int8")
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max; the scale maps each row's largest |w| onto it

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from draftsmith.runtime.core.artifacts import check_tensors, load_tensors, validate_draft_vocab
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 DERIVED = ("rotary.",)  # buffers a head rebuilds from its config: never stored, never expected

@@ -2,7 +2,7 @@
 kinds).
 
     kind = HeadKind(name="eagle3", title="EAGLE-3 draft head", about="an EAGLE-3 head: ...",
-                    module_class=lambda: Eagle3Head, section=Eagle3Section, make_drafter=eagle3_drafter,
+                    module_class=lambda: Eagle3Head, section=Eagle3Section, load_draft=load_draft,
                     spec="eagle3:DIR", layouts={"eagle3": Layout(...)},
                     vllm=VllmServe(layout="eagle3", method="eagle3"))
 
@@ -14,7 +14,9 @@ A kind is a trained head (EAGLE-3, MTP, ...). It declares:
   identity when given) and `save_pretrained(folder)`;
 - `section`: its `head:` section of a train config, a `HeadSection` subclass holding its own keys only
   (a `CotrainSection` for a kind that co-trains: its own co-training weight, `head.cotrain_weight`);
-- `make_drafter(arg, target, tree, device, dtype)`: the drafter for `--draft NAME:ARG`;
+- `load_draft(arg, target)`: the head `--draft NAME:ARG` names, on the target's device and dtype, and
+  its drafter's options (`mtp:DIR#recursive`, `dflash:DIR#block=N`); its drafter is registered on the
+  drafters' side (runtime/drafters/registry.py), so heads never import drafters;
 - `parse_tree(arg, spec)` (optional): `--tree SPEC` for `--draft NAME:ARG`, where a kind has trees of
   its own (Medusa's cartesian:K1,.. and sparse:N);
 - `layouts`: export layout name -> `Layout` (writer, reader, serve text); every kind also has
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draftsmith.runtime.core.artifacts import load_tensors, parameter_summary
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.head_folder import CONFIG_FILE, WEIGHTS_FILE
 
 DEFAULT_DEPTH = 2  # the default tree, chain:2, suits CPUs (BENCHMARKS.md); shallower for a shallower head
@@ -163,7 +165,7 @@ class HeadKind:
     about: str  # what `--draft NAME:DIR` loads, in `draftsmith generate --help` (runtime/cli/args.py)
     module_class: Callable[[], type]  # -> the module class (imported when asked: the registry stays light)
     section: type  # a HeadSection subclass
-    make_drafter: Callable  # (arg, target, tree, device, dtype) -> Drafter
+    load_draft: Callable  # (arg, target) -> (the head on the target's device and dtype, drafter options)
     spec: str  # the `--draft` form its help lists, e.g. "mtp:DIR[#recursive]"
     layouts: dict[str, Layout] = field(default_factory=dict)  # engine layouts ("draftsmith" is added)
     # (arg) -> the default chain depth for `--draft NAME:ARG` (None: the registry's default, 2)

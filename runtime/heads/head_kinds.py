@@ -7,9 +7,10 @@
     head_kinds.of_folder("runs/x/final")            # the kind a head folder's config.json names
     head_kinds.formats()                            # export layout -> the kinds it fits
 
-Adding a kind: write its files (module, drafter, a `runtime/NAME_kind.py` declaring its `HeadKind`) and
-add it to KINDS below; its training objective is registered the same way in train/objectives/registry.py. No
-other module tests a kind's name: `--draft`, `export --format`, train configs' `head.type` and model
+Adding a kind: write its files (module, step model, a `runtime/heads/NAME_kind.py` declaring its
+`HeadKind`) and add it to KINDS below; its drafter is registered the same way in
+runtime/drafters/registry.py and its training objective in train/objectives/registry.py. No other module
+tests a kind's name: `--draft`, `export --format`, train configs' `head.type` and model
 cards all look it up here. This module imports no trainer (tests/test_imports.py).
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.dflash_kind import KIND as DFLASH
 from draftsmith.runtime.heads.eagle3_kind import KIND as EAGLE3
 from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH, HeadKind, HeadSection

@@ -10,8 +10,8 @@ nn.Linear weight `NAME.weight` of the head replaced by `NAME.weight_int8` (int8 
 gains `quantization` (method, scheme, the quantized names) and the model card a precision line.
 
 Loading keeps every kind's own strict loader: the int8 weights are dequantized (q * s is exact in fp32:
-a 7-bit integer times an 8-bit mantissa) into a temporary copy of the folder, the kind builds its drafter
-from it (names, shapes, the target binding all checked as for any head), and the drafter's linears are
+a 7-bit integer times an 8-bit mantissa) into a temporary copy of the folder, the kind loads its head
+from it (names, shapes, the target binding all checked as for any head), and the head's linears are
 swapped for Int8Linear modules holding the stored int8 weights and scales bit for bit. The binding is
 the unquantized head's: a head trained against one target is refused against another, quantized or not.
 """
@@ -29,8 +29,8 @@ from torch import nn
 
 from draftsmith.runtime.core.artifacts import atomic_save_file, load_tensors
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.core.errors import DraftsmithError, read_json
-from draftsmith.runtime.core.quantize import Int8Linear, QuantSpec, check_device, drafter_modules
+from draftsmith.runtime.core.quantize import Int8Linear, QuantSpec, check_device
+from draftsmith.runtime.errors import DraftsmithError, read_json
 from draftsmith.runtime.heads.head_folder import CONFIG_FILE, WEIGHTS_FILE
 
 INT8, SCALE = ".weight_int8", ".weight_scale"
@@ -122,26 +122,29 @@ def int8_config(folder: Path) -> dict | None:
     return quant if isinstance(quant, dict) and quant.get("method") == "int8" else None
 
 
-def make_head_drafter(kind, arg: str, target, tree, device: str, dtype: str):
-    """kind.make_drafter, for an int8 folder through its dequantized twin (module docstring)."""
+def load_draft_head(kind, arg: str, target) -> tuple[torch.nn.Module, dict, str | None]:
+    """kind.load_draft, for an int8 folder through its dequantized twin (module docstring) -> the head, its
+    drafter's options, and its quantization ("int8" or None)."""
     path, sep, suffix = arg.partition("#")
     folder = Path(path).expanduser()
     quant = int8_config(folder) if folder.is_dir() else None
     if quant is None:
-        return kind.make_drafter(arg, target, tree, device, dtype)
+        return (*kind.load_draft(arg, target), None)
     tensors = load_tensors(folder / WEIGHTS_FILE, "--draft")
     config = read_json(folder / CONFIG_FILE, "--draft")
     with dequantized_twin(folder, config, tensors) as twin:
-        drafter = kind.make_drafter(str(twin) + sep + suffix, target, tree, device, dtype)
-    load_stored_int8(drafter, target, quant["quantized"], tensors, arg)
-    drafter.quantization = "int8"
-    return drafter
+        head, options = kind.load_draft(str(twin) + sep + suffix, target)
+    load_stored_int8([head], quant["quantized"], tensors, arg)
+    return head, options, "int8"
 
 
-def load_stored_int8(drafter, target, names: list[str], tensors: dict[str, torch.Tensor], arg: str) -> None:
-    """Swap the drafter's linears `names` for Int8Linear modules holding the stored int8 weights and scales
-    as they are (requantizing q * s could pick another scale where a row's largest |q| is 126)."""
-    for root in drafter_modules(drafter, target):
+def load_stored_int8(
+    roots: list[nn.Module], names: list[str], tensors: dict[str, torch.Tensor], arg: str
+) -> None:
+    """Swap the linears `names` of one of `roots` (a head) for Int8Linear modules holding the stored int8
+    weights and scales as they are (requantizing q * s could pick another scale where a row's largest |q|
+    is 126)."""
+    for root in roots:
         try:
             linears = {n: root.get_submodule(n) for n in names}
         except AttributeError:
@@ -157,16 +160,14 @@ def load_stored_int8(drafter, target, names: list[str], tensors: dict[str, torch
             owner, _, attr = name.rpartition(".")
             setattr(root.get_submodule(owner) if owner else root, attr, module)
         return
-    raise DraftsmithError(
-        f"--draft {arg}: the drafter has no module with the int8 head's linears {names[:3]}"
-    )
+    raise DraftsmithError(f"--draft {arg}: the head has no module with the int8 head's linears {names[:3]}")
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m draftsmith.runtime.heads.int8_folder HEAD OUT`: write HEAD (any kind) as an int8 head."""
     import argparse
 
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
     from draftsmith.runtime.heads import head_kinds
 
     ap = argparse.ArgumentParser(description=main.__doc__)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.core.artifacts import load_tensors, tokenizer_hash
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.aux_layers import (
     AUX_LAYER_CONVENTION,
     default_aux_layers,

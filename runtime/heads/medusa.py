@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.head_folder import check_head_type, config_from, fill_strict, read_head_folder
 
 MAX_HEADS = 8  # the paper finds five enough; vLLM drafts one token per head

@@ -2,7 +2,7 @@
 says what
 a kind declares).
 
-    KIND.make_drafter("runs/medusa/final", target, chain(3), "auto", "auto")   # --draft medusa:DIR
+    heads, options = KIND.load_draft("runs/medusa/final", target)   # --draft medusa:DIR
     KIND.parse_tree("runs/medusa/final", "sparse:15")     # --tree: cartesian:K1,.. and sparse:N too
     KIND.all_layouts()["medusa"].write(head_folder, out, LayoutOptions())       # vLLM's layout
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from draftsmith.runtime.core.artifacts import check_round_trip, parameter_summary
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
 from draftsmith.runtime.heads.head_kind import (
     CONFIG_FILE,
     DEFAULT_DEPTH,
@@ -88,13 +88,11 @@ class MedusaSection(CotrainSection):
 
 
 # ---- drafting ---------------------------------------------------------------------------------------------
-def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    """`--draft medusa:DIR`: ours, vLLM's or FasterDecoding's folder (detected); `tree` a TreeSpec or a
-    `--tree` string (cartesian:/sparse: need the heads: parse_tree reads them)."""
-    from draftsmith.runtime.drafters.medusa_drafter import medusa_drafter
+def load_draft(arg: str, target):
+    """`--draft medusa:DIR`: ours, vLLM's or FasterDecoding's folder (detected)."""
     from draftsmith.runtime.heads.medusa_layout import load_medusa
 
-    return medusa_drafter(target, load_medusa(arg, target), tree)
+    return load_medusa(arg, target).to(device=target.device, dtype=target.dtype), {}
 
 
 def _accuracies(folder: str) -> list[list[float]] | None:
@@ -187,7 +185,7 @@ KIND = HeadKind(
     "too",
     module_class=_module,
     section=MedusaSection,
-    make_drafter=make_drafter,
+    load_draft=load_draft,
     spec="medusa:DIR",
     layouts={
         "medusa": Layout(

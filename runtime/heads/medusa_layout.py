@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.core.artifacts import atomic_save_file, load_tensors
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.head_folder import CONFIG_FILE
 from draftsmith.runtime.heads.medusa import (
     MedusaConfig,

@@ -25,7 +25,7 @@ import itertools
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.tree import MAX_TREE_NODES, Tree, TreeSpec, from_paths, parse_tree_spec
 
 MEDUSA_TREE_HELP = "cartesian:K1,K2,.. (top-K_d of head d), sparse:N (N drafted nodes), or a --tree spec"

@@ -41,12 +41,12 @@ from transformers import PretrainedConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash, weights_hash
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes, needs_mask
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.mla import cache_dims
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.head_folder import CONFIG_FILE, fill_strict, read_head_folder
 from draftsmith.runtime.heads.head_folder import check_head_type as check_folder_head_type
 from draftsmith.runtime.heads.mtp_block import build_block, check_block
@@ -245,7 +245,7 @@ def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]
     the modules inside it in DeepSeek's or MiMo's layout (runtime/heads/mtp_layout.py) -> (config, our
     module tensors)."""
     from draftsmith.runtime.core.artifacts import load_tensors
-    from draftsmith.runtime.core.errors import read_json
+    from draftsmith.runtime.errors import read_json
 
     folder = Path(folder)
     if not (folder / CONFIG_FILE).is_file() or not any(folder.glob("*.safetensors")):
@@ -274,7 +274,7 @@ def num_modules(folder: str | Path) -> int:
     """How many modules a head folder holds, from its config alone (a DeepSeek-V3 MTP layer is ~11 GB:
     a default tree is chosen before the weights load). Our layout's `num_modules`, DeepSeek's and MiMo's
     `num_nextn_predict_layers`."""
-    from draftsmith.runtime.core.errors import read_json
+    from draftsmith.runtime.errors import read_json
 
     raw = read_json(Path(folder) / CONFIG_FILE, "mtp head")
     check_head_type(raw)  # another kind's folder is named as such, before its missing module count

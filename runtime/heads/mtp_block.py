@@ -29,7 +29,7 @@ import importlib
 import torch
 from torch import nn
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 EXPERTS = "mlp.experts."  # every MoE family's fused expert tensors live under the layer's mlp.experts
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from transformers import AutoConfig, PretrainedConfig
 
 from draftsmith.runtime.core.artifacts import tokenizer_hash
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import FAMILIES as TARGET_FAMILIES
 from draftsmith.runtime.core.families import family_of
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import LAYER_KEYS
 from draftsmith.runtime.heads.mtp_block import block_fields, check_dense_option
 

@@ -2,7 +2,7 @@
 what a
 kind declares).
 
-    KIND.make_drafter("runs/mtp/final#recursive", target, chain(3), "auto", "auto")   # --draft mtp:DIR
+    head, options = KIND.load_draft("runs/mtp/final#recursive", target)   # --draft mtp:DIR#recursive
     KIND.all_layouts()["mtp-mimo"].write(head_folder, out, LayoutOptions())
 
 The modules are runtime/heads/mtp.py, their drafter runtime/drafters/mtp_drafter.py, DeepSeek's and MiMo's
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from draftsmith.runtime.core.artifacts import parameter_summary
-from draftsmith.runtime.core.errors import BadInputError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.head_kind import (
     DEFAULT_DEPTH,
     CotrainSection,
@@ -91,13 +91,13 @@ def _folder_and_option(arg: str) -> tuple[str, bool]:
     return folder, option == "recursive"
 
 
-def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
+def load_draft(arg: str, target):
+    """`mtp:DIR[#recursive]` -> the head and {"recursive": ...} (the last module may recurse)."""
     from draftsmith.runtime.heads.mtp import load_head
 
     folder, recursive = _folder_and_option(arg)
     head = load_head(folder, target).to(device=target.device, dtype=target.dtype)
-    return mtp_drafter(head, target, tree, recursive=recursive)
+    return head, {"recursive": recursive}
 
 
 def default_depth(arg: str) -> int | None:
@@ -242,7 +242,7 @@ KIND = HeadKind(
     "mtp:DIR#recursive to reuse the last module deeper",
     module_class=_module,
     section=MtpSection,
-    make_drafter=make_drafter,
+    load_draft=load_draft,
     spec="mtp:DIR[#recursive]",
     layouts={
         "mtp": Layout(

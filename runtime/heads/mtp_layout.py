@@ -25,7 +25,7 @@ from dataclasses import asdict
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.mtp_config import MtpConfig
 
 PROVENANCE_KEY = "draftsmith_mtp"  # our MtpConfig, so the identity checks survive the round trip

@@ -30,7 +30,7 @@ import torch
 
 from draftsmith.runtime.core.artifacts import atomic_save_file, check_round_trip, load_tensors
 from draftsmith.runtime.core.checkpoint_index import INDEX_FILE, Checkpoint
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.heads.mtp_config import MtpConfig
 from draftsmith.runtime.heads.mtp_layout import (
     deepseek_module,

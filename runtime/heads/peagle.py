@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from draftsmith.runtime.core.artifacts import save_head_files
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, check_head_matches_target
 from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder
 

@@ -1,7 +1,7 @@
 """The P-EAGLE head kind: what runtime/heads/head_kinds.py registers for `peagle` (runtime/heads/head_kind.py
 says what a kind declares).
 
-    KIND.make_drafter("runs/peagle/final", target, chain(4), "auto", "auto")   # --draft peagle:DIR
+    head, options = KIND.load_draft("runs/peagle/final", target)   # --draft peagle:DIR
     KIND.all_layouts()["speculators"].write(head_folder, out, LayoutOptions(verifier="path/to/target"))
 
 The head is runtime/heads/peagle.py, its drafter runtime/drafters/peagle_drafter.py, its objective
@@ -37,7 +37,7 @@ from draftsmith.runtime.core.artifacts import (
     load_tensors,
     parameter_summary,
 )
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
 from draftsmith.runtime.heads.head_kind import (
     HeadKind,
     HeadSection,
@@ -80,11 +80,8 @@ class PEagleSection(HeadSection):
 
 
 # ---- drafting ---------------------------------------------------------------------------------------------
-def make_drafter(arg: str, target, tree, device: str, dtype: str):
-    from draftsmith.runtime.drafters.peagle_drafter import peagle_drafter
-
-    head = read_any(arg, target).to(device=target.device, dtype=target.dtype)
-    return peagle_drafter(head, target, tree)
+def load_draft(arg: str, target):
+    return read_any(arg, target).to(device=target.device, dtype=target.dtype), {}
 
 
 def default_depth(arg: str) -> int | None:
@@ -307,7 +304,7 @@ KIND = HeadKind(
     about="a P-EAGLE head drafting K tokens per forward: our folder, speculators' or vLLM's layout",
     module_class=_module,
     section=PEagleSection,
-    make_drafter=make_drafter,
+    load_draft=load_draft,
     spec="peagle:DIR",
     layouts={
         "speculators": Layout(

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 
 def parse_auto(spec: str) -> int | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 
 @dataclass(frozen=True)

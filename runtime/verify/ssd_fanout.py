@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 DEFAULT_EXPONENT = 0.5  # 1 / (1 + r) with a miss power law F^-1
 

@@ -24,7 +24,7 @@ from functools import cached_property
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 MAX_TREE_NODES = 256  # verification cost grows past ~8-16 nodes on CPU; 256 bounds memory anywhere
 

@@ -461,7 +461,7 @@ def main() -> None:
     steps = 6 if args.smoke and args.steps == 100 else args.steps
     warmup = min(args.warmup, steps - 1) if args.smoke else args.warmup
     if steps <= warmup:
-        from draftsmith.runtime.core.errors import BadInputError
+        from draftsmith.runtime.errors import BadInputError
 
         raise BadInputError("--steps", steps, f"more than --warmup ({warmup})")
     logging.basicConfig(level=logging.INFO, format="%(message)s")

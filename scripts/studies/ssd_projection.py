@@ -65,7 +65,7 @@ from ssd_costs import (
 )
 
 from draftsmith.runtime.bench.ssd_replay import CostModel, Cycle, simulate
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.ssd_fanout import check_budget
 
 RANKED = 32  # candidates a trace ranks per position (runtime/drafters/ssd.py RANKED)

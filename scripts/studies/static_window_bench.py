@@ -1,5 +1,5 @@
 """The static path's attention windows, side by side: steps attending over the used slots (rounded up to
-SPAN_STEP = 256, runtime/static/forward.py) against over the whole static capacity, and the dynamic path.
+SPAN_STEP = 256, runtime/core/static_forward.py) against over the whole static capacity, and the dynamic path.
 
     python scripts/studies/static_window_bench.py --head runs/eagle3-smollm2-135m/final --batch 8 --repeats 3
 
@@ -15,11 +15,11 @@ import statistics
 import time
 
 from draftsmith.runtime.bench.prompt_sets import load_prompt_set
+from draftsmith.runtime.core import static_forward
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import build_drafter
-from draftsmith.runtime.static import forward as static_forward
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
 

@@ -24,7 +24,7 @@ from draftsmith.data_recipes.capture import (
 )
 from draftsmith.data_recipes.common import RECORD_FILE, StepRecord, fingerprint, finish, read_record
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 AUX = (0, 1, 2)  # the tiny target has 3 layers; the default formula needs >= 7
 

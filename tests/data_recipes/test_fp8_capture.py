@@ -32,7 +32,7 @@ from draftsmith.data_recipes.common import RECORD_FILE
 from draftsmith.data_recipes.parts import part_name
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 pytestmark = pytest.mark.skipif(not fp8.available(), reason="this torch has no float8_e4m3fn")
 AUX = (0, 1, 2)

@@ -14,7 +14,7 @@ from draftsmith.data_recipes import prepare as prep
 from draftsmith.data_recipes.common import RECORD_FILE, fingerprint, read_record
 from draftsmith.data_recipes.prepare import prepare, split_of
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 
 def conv(*texts, system=None):

@@ -11,7 +11,7 @@ from draftsmith.data_recipes import regenerate as regen
 from draftsmith.data_recipes.common import read_record
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 CONVERSATIONS = [

@@ -22,7 +22,7 @@ from draftsmith.data_recipes.parts import balanced_range, load_prepared, part_na
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.data_recipes.vocab import VOCAB_FILE, write_draft_vocab
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 AUX = (0, 1, 2)

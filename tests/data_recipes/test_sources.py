@@ -14,7 +14,7 @@ import pytest
 from draftsmith.data_recipes import sources
 from draftsmith.data_recipes.common import Summary
 from draftsmith.data_recipes.sources import iter_conversations, iter_json_array
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 SHAREGPT_ROWS = [
     {
@@ -228,7 +228,7 @@ def test_datasets_name_offline_for_real(tmp_path):
     code = (
         "from draftsmith.data_recipes.common import Summary\n"
         "from draftsmith.data_recipes.sources import iter_conversations\n"
-        "from draftsmith.runtime.core.errors import BadInputError\n"
+        "from draftsmith.runtime.errors import BadInputError\n"
         "try:\n"
         "    next(iter_conversations('someone/no-such-chats', Summary()))\n"
         "except BadInputError as err:\n"

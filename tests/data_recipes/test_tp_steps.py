@@ -36,7 +36,7 @@ from draftsmith.data_recipes.common import read_record
 from draftsmith.data_recipes.parts import require_whole
 from draftsmith.data_recipes.tp_steps import Launch, plan_step, wait_error
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.near_tie import first_mismatch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from draftsmith.data_recipes.capture_reader import CaptureFolder
 from draftsmith.data_recipes.common import Summary, fingerprint, read_record
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.runtime.core.engine import decode_batch
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 CONVERSATIONS = [

@@ -17,7 +17,7 @@ from train_data import write_conversations
 
 from draftsmith.data_recipes import vllm_capture, vllm_engine
 from draftsmith.data_recipes.prepare import prepare
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 
 @pytest.fixture

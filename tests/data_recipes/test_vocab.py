@@ -15,7 +15,7 @@ from draftsmith.data_recipes.vocab import (
     write_draft_vocab,
 )
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 VOCAB = 12
 FP = {"target": "toy", "vocab_size": VOCAB, "tokenizer_hash": "t0", "template_hash": "c0"}

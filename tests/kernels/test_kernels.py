@@ -19,8 +19,8 @@ from draftsmith.kernels.reference import (
 from draftsmith.runtime.core.kernel_attention import use_kernel_attention
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.masks import attention_mask
+from draftsmith.runtime.core.static_forward import static_session
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.static.forward import static_session
 from draftsmith.runtime.verify.acceptance import accept_greedy, accept_sampled
 from draftsmith.runtime.verify.tree import ancestor_mask, parse_tree_spec
 

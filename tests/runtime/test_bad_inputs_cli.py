@@ -229,7 +229,7 @@ def test_an_option_without_its_mode_exits_2_naming_what_it_needs(tiny_dir, capsy
 
 
 def test_a_storage_dtype_in_online_training_is_refused(tmp_path):
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
     from draftsmith.train.config import load_train_config
 
     base = [f"output_dir={tmp_path / 'run'}", "data.mode=online"]

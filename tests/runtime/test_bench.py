@@ -13,7 +13,7 @@ from draftsmith.runtime.bench.prompt_sets import BenchPrompt, load_bench_prompts
 from draftsmith.runtime.bench.roofline import kv_bytes_per_token, roofline, weight_bytes
 from draftsmith.runtime.bench.types import BatchOutput, SpecCounters
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 QUESTIONS = [

@@ -32,9 +32,9 @@ from draftsmith.runtime.core.block_fp8 import (
     scale_grid,
 )
 from draftsmith.runtime.core.checkpoint_index import Checkpoint
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.core.target_parts import TargetParts
+from draftsmith.runtime.errors import BadInputError
 
 Q_A = "model.layers.1.self_attn.q_a_proj.weight"  # [136, 160]: a 2 x 2 grid, both edges partial
 E4M3 = BlockFp8(block=BLOCK, dtype=torch.float8_e4m3fn)

@@ -25,9 +25,9 @@ from tiny_fp8 import make_fp8_deepseek_dirs
 
 from draftsmith.runtime.core import block_fp8
 from draftsmith.runtime.core.block_fp8 import CONVERT, dequantize_folder, main
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.placement import Layout
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 
 INDEX = "model.safetensors.index.json"
 Q_A = "model.layers.1.self_attn.q_a_proj.weight"  # [136, 160]: a 2 x 2 grid, both edges partial

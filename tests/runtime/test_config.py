@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from draftsmith.runtime.core.config import load_config, save_config
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 
 @dataclass

@@ -19,11 +19,11 @@ from tolerances import assert_float64_equal
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.drafters.dflash_drafter import DFlashSteps, dflash_drafter
 from draftsmith.runtime.drafters.drafting import build_drafter
 from draftsmith.runtime.drafters.grower import ModelDrafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.dflash import DFlashHead, block_mask
 from draftsmith.runtime.heads.dflash_layout import load_dflash

@@ -14,7 +14,6 @@ import pytest
 from engine_checks import assert_identical, make_prompts
 
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.drafters.draft_process import (
     DraftConfig,
@@ -25,6 +24,7 @@ from draftsmith.runtime.drafters.draft_process import (
 )
 from draftsmith.runtime.drafters.lm_drafter import lm_drafter
 from draftsmith.runtime.drafters.ssd import SsdDrafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain
 

@@ -10,8 +10,8 @@ from safetensors.torch import load_file, save_file
 from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import assert_float64_equal, assert_rounding_close
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, load_head, save_head
 from draftsmith.runtime.verify.tree import Tree, ancestor_mask, path_to
 

@@ -7,8 +7,8 @@ from tiny_models import tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.bench.side_by_side import hf_generate, hf_generate_batch
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams, logits_to_probs
 
 GREEDY = SamplingParams()

@@ -17,10 +17,10 @@ from tiny_models import make_tiny_dir
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import build_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
 from draftsmith.runtime.heads.fp8_checkpoint import (
     compressed_tensors_config,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.head_kind import HeadSection
 from draftsmith.train.config import load_train_config
@@ -21,13 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # A kind's own files may name it (its loader checks its head_type): runtime/NAME*.py, train/NAME_*.py, and
 # EAGLE-3's engine layouts. The registries list the kinds. Everything else looks kinds up.
 OWN = {"runtime/heads/layouts.py": "eagle3"}
-REGISTRIES = {"runtime/heads/head_kinds.py", "train/objectives/registry.py"}
+REGISTRIES = {"runtime/heads/head_kinds.py", "runtime/drafters/registry.py", "train/objectives/registry.py"}
 
 
 def test_every_kind_declares_a_module_section_drafter_layouts_and_objective():
+    from draftsmith.runtime.drafters.registry import HEAD_DRAFTERS
     from draftsmith.train.objectives.registry import OBJECTIVES
 
     assert set(OBJECTIVES) == set(head_kinds.KINDS)  # the train side registers every kind's objective
+    assert set(HEAD_DRAFTERS) == set(head_kinds.KINDS)  # and the drafters' side its drafter
     for name, kind in head_kinds.KINDS.items():
         assert kind.name == name and kind.title and kind.spec.startswith(f"{name}:")
         assert callable(kind.module.from_pretrained) and callable(kind.module.save_pretrained)

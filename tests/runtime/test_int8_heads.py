@@ -12,11 +12,11 @@ import torch
 from tiny_models import tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.quantize import Int8Linear, drafter_modules
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import build_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.int8_folder import INT8, SCALE, save_int8_head

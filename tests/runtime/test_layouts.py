@@ -13,10 +13,10 @@ from safetensors.torch import save_file
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import build_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.aux_layers import from_engine_ids, to_engine_ids
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.layouts import (

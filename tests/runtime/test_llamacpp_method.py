@@ -25,7 +25,7 @@ from draftsmith.runtime.bench.llamacpp_method import (
     target_gguf,
 )
 from draftsmith.runtime.bench.types import is_baseline
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]

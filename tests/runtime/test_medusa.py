@@ -14,8 +14,8 @@ import torch
 from medusa_heads import random_heads
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads, calibrate, rank_hits
 from draftsmith.runtime.heads.medusa_tree import cartesian, parse_medusa_tree, sparse_paths, sparse_tree
 from draftsmith.runtime.verify.tree import from_paths

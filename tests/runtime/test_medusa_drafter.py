@@ -14,10 +14,10 @@ from medusa_heads import fitted_heads, random_heads
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.medusa_drafter import medusa_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads
 from draftsmith.runtime.verify.sampling import SamplingParams
 

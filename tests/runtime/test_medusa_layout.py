@@ -15,8 +15,8 @@ from medusa_heads import random_heads
 from safetensors.torch import load_file, save_file
 from tiny_models import tiny_model, tiny_tokenizer
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads
 from draftsmith.runtime.heads.medusa_layout import PROVENANCE_KEY, load_medusa, write_vllm
 

@@ -23,12 +23,12 @@ from tiny_mla import tiny_deepseek
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of
 from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, save_head
 from draftsmith.runtime.heads.mtp_block import block_fields
 from draftsmith.runtime.heads.mtp_kind import MtpSection

@@ -12,10 +12,10 @@ from tolerances import assert_rounding_close, layer_accumulations
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain, prefill_features
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, module_mask, save_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec, path_to

@@ -25,8 +25,8 @@ from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_of_tensors
 from draftsmith.runtime.core.checkpoint_index import INDEX_FILE, Checkpoint
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import DraftsmithError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import DraftsmithError
 from draftsmith.runtime.heads import mtp_stream
 from draftsmith.runtime.heads.eagle3_binding import folder_weights_hash
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, load_head, save_head
@@ -296,7 +296,7 @@ def test_a_target_read_dequantized_is_refused(tmp_path, monkeypatch):
     the pass-through into a float32 copy without scales: refused with exit-2's error, before any write."""
     from types import SimpleNamespace
 
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
 
     target_dir = sharded_target(tmp_path / "target")
     _, head, _ = trained_head(target_dir, modules=1)

@@ -20,10 +20,10 @@ from tolerances import assert_float64_equal
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain, prefill_features
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.peagle_drafter import peagle_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.eagle3 import save_head as save_eagle3

@@ -97,7 +97,7 @@ def test_bad_export_requests_exit_2(exports, tmp_path, capsys):
 
 
 def test_an_eagle3_speculators_folder_is_not_read_as_peagle(exports, tmp_path, tiny):
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
 
     folder = tmp_path / "e3"
     folder.mkdir()

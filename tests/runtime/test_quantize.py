@@ -20,7 +20,6 @@ from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import rounding_atol
 
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.quantize import (
     Int4Linear,
     Int8Linear,
@@ -35,6 +34,7 @@ from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.lm_drafter import lm_drafter
 from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain, parse_tree_spec

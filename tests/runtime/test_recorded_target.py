@@ -11,7 +11,7 @@ import torch
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core import targets
-from draftsmith.runtime.core.errors import DraftsmithError
+from draftsmith.runtime.errors import DraftsmithError
 from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads
 
 SMOLLM2 = targets.ALIASES["smollm2-135m"].hub_name

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from draftsmith.runtime.core import row_linear
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.row_linear import (
     RowsLinear,
     check_mode,
@@ -21,6 +20,7 @@ from draftsmith.runtime.core.row_linear import (
     tune_rows_plan,
     use_rows_linear,
 )
+from draftsmith.runtime.errors import BadInputError
 
 
 def fp32_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

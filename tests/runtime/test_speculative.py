@@ -18,13 +18,13 @@ from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 
 from draftsmith.runtime.core.engine import generate_plain, prefill
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative, tree_logits, verify
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import Drafter, build_drafter
 from draftsmith.runtime.drafters.lm_drafter import lm_drafter, load_draft_model
 from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.verify import batch_accept
 from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch

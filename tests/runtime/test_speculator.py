@@ -6,7 +6,7 @@ build_speculator's speculators decoding the tiny target as plain decoding does.
 
 import pytest
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.speculator import DraftProcess, SpecConfig, build_speculator
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain

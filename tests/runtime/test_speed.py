@@ -8,7 +8,7 @@ from repo_files import load_repo_file
 
 from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START
 from draftsmith.runtime.bench.prompt_sets import load_prompt_set
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 speed = load_repo_file("scripts/studies/speed_compare.py")

@@ -23,7 +23,6 @@ from tiny_models import tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.bench.ssd_replay import Cycle, replay_hits
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters import ssd
@@ -32,6 +31,7 @@ from draftsmith.runtime.drafters.lm_drafter import lm_drafter
 from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.drafters.ssd import SsdDrafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.verify.draft_batch import Draft, DraftBatch
 from draftsmith.runtime.verify.sampling import SamplingParams, logits_to_probs

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from draftsmith.runtime.bench.ssd_replay import CostModel, Cycle, fit_cost, read_trace, replay_hits, simulate
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.ssd_fanout import (
     AcceptanceEstimate,
     HitStats,

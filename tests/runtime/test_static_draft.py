@@ -1,5 +1,5 @@
-"""Draft steps on the static path (runtime/static/draft.py), run eagerly on CPU: every proposal equals
-the dynamic path's (tokens and draft laws) for chains, branching and dynamic trees, greedy and sampled,
+"""Draft steps on the static path (runtime/drafters/static_steps.py), run eagerly on CPU: every proposal
+equals the dynamic path's (tokens and draft laws) for chains, branching and dynamic trees, greedy and sampled,
 with self-speculation, EAGLE-3 heads of one and two layers, and MTP modules stacked and recursing; a
 chain's levels have one shape (one graph a server captures once); later batches reuse the steps. On
 CUDA (gpu-marked) graph replays give plain decoding's tokens."""
@@ -13,13 +13,13 @@ from tolerances import TINY_TARGET_SUMS, rounding_atol
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.static_forward import slot_mask
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.drafters.lm_drafter import lm_drafter
 from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.static.forward import slot_mask
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
 
@@ -124,7 +124,7 @@ def test_static_draft_steps_propose_what_the_dynamic_path_proposes(target, head,
 
 def test_draft_steps_in_small_attention_windows_propose_the_same(target, head, monkeypatch):
     """Windows of 8 slots (several per shape, each its own graph on CUDA): the same proposals."""
-    from draftsmith.runtime.static import forward as module
+    from draftsmith.runtime.core import static_forward as module
 
     monkeypatch.setattr(module, "SPAN_STEP", 8)
     dynamic, want = run(target, head, "static:binary-3", SAMPLED, False, 3)

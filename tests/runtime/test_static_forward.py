@@ -1,6 +1,7 @@
-"""The GPU engine path's static forward (runtime/static/forward.py), run eagerly on CPU: its mask equals the
-runtime's, its logits equal Target.forward's, and the engines on it are greedy-identical to plain decoding
-and seeded-identical to the dynamic path. On CUDA (gpu-marked) the captured graphs equal eager runs."""
+"""The GPU engine path's static forward (runtime/core/static_forward.py), run eagerly on CPU: its mask
+equals the runtime's, its logits equal Target.forward's, and the engines on it are greedy-identical to
+plain decoding and seeded-identical to the dynamic path. On CUDA (gpu-marked) the captured graphs equal
+eager runs."""
 
 import pytest
 import torch
@@ -11,6 +12,12 @@ from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 from draftsmith.runtime.core.engine import generate_plain
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.static_forward import (
+    GraphedForward,
+    StaticKVCache,
+    slot_mask,
+    static_forward,
+)
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.drafters.lm_drafter import lm_drafter
@@ -18,12 +25,6 @@ from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.static.forward import (
-    GraphedForward,
-    StaticKVCache,
-    slot_mask,
-    static_forward,
-)
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import ancestor_mask, chain, parse_tree_spec
 
@@ -115,7 +116,7 @@ def test_plain_decoding_on_the_static_path_is_identical(target, plain):
 def test_attention_windows_follow_the_used_slots(target, plain, monkeypatch):
     """With windows of 8 slots, each step attends over the used slots rounded up (several windows, each
     its own graph on CUDA), never the whole capacity, and decoding stays identical."""
-    from draftsmith.runtime.static import forward as module
+    from draftsmith.runtime.core import static_forward as module
 
     monkeypatch.setattr(module, "SPAN_STEP", 8)
     target.graph_sessions.clear()

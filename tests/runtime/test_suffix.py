@@ -14,7 +14,6 @@ from engine_checks import assert_identical, chi_square, exact_law, make_prompts
 from tiny_models import tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import build_drafter
@@ -27,6 +26,7 @@ from draftsmith.runtime.drafters.suffix_tree import (
     expand,
     speculate,
 )
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify import batch_accept
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain, parse_tree_spec

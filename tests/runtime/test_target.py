@@ -5,8 +5,8 @@ import torch
 from tiny_models import tiny_model, tiny_tokenizer
 from tolerances import TINY_TARGET_SUMS, assert_rounding_close
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.tree import Tree, ancestor_mask, path_to, position_ids
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]

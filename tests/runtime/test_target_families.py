@@ -29,7 +29,6 @@ from tolerances import float64_atol, model_sums, rounding_atol
 from draftsmith.runtime.bench.side_by_side import hf_generate_batch
 from draftsmith.runtime.core import layer_inputs
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import FULL, SUPPORTED_MODEL_TYPES
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
@@ -38,6 +37,7 @@ from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.drafters.lm_drafter import lm_drafter
 from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, load_head, save_head
 from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
 from draftsmith.runtime.verify.sampling import SamplingParams

@@ -209,7 +209,7 @@ def test_a_sharded_folder_loads_with_the_same_forward(target, tmp_path):
 
 
 def test_static_path_equals_the_dynamic_path(target):
-    from draftsmith.runtime.static.forward import GraphedForward, StaticKVCache, static_forward
+    from draftsmith.runtime.core.static_forward import GraphedForward, StaticKVCache, static_forward
 
     prefix = torch.randint(6, 128, (1, 6), generator=torch.Generator().manual_seed(6))
     nodes = torch.arange(10, 10 + TREE.size)[None]
@@ -285,8 +285,8 @@ def test_the_rooflines_kv_bytes_count_the_latents():
 def test_what_the_mla_cache_cannot_hold_is_refused(target):
     """Tensor parallelism (one latent head: nothing to split) is bad input; an attention module that
     caches expanded keys and values (no `expand_kv`: an older transformers) is refused naming it."""
-    from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
     from draftsmith.runtime.core.mla import cache_dims
+    from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
     with pytest.raises(BadInputError, match="tp=1 for an MLA"):
         cache_dims(target.config, tp_size=2)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from draftsmith.runtime.core import targets
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.core.targets import COMPLETE_RECORD, gguf_to_folder, resolve_target
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 
 def test_local_folder_resolves(tiny_dir):

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.tree import (
     MAX_TREE_NODES,
     PRESETS,

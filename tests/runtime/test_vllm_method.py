@@ -28,7 +28,7 @@ from draftsmith.runtime.bench.vllm_method import (
     parse_vllm_method,
     spec_counters,
 )
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
 from draftsmith.runtime.heads.head_kind import LayoutOptions

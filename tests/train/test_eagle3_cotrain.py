@@ -21,10 +21,10 @@ from train_data import read_metrics, run_overrides
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.runtime.heads.layouts import load_eagle3
 from draftsmith.runtime.verify.sampling import SamplingParams

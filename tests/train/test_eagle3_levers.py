@@ -13,8 +13,8 @@ from tolerances import assert_float64_equal
 from train_data import read_metrics, run_overrides
 
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
 from draftsmith.train.config import load_train_config
 from draftsmith.train.loop.trainer import train

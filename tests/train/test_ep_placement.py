@@ -26,8 +26,8 @@ from tiny_mla import DEEPSEEK_V3, make_tiny_deepseek_dir, mla_sums
 from tolerances import model_sums
 
 from draftsmith.runtime.core import transformers_range
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.placement import check_placement, placement_shard_fraction
+from draftsmith.runtime.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 

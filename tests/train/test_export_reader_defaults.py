@@ -27,8 +27,8 @@ import torch
 from tiny_models import make_tiny_dir
 from transformers import LlamaConfig
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
 from draftsmith.train.export import ExportRequest, export
 

@@ -39,10 +39,10 @@ from draftsmith.data_recipes.capture_reader import CaptureFolder
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import load_head
 from draftsmith.runtime.heads.layouts import load_eagle3, to_speculators
 from draftsmith.runtime.verify.sampling import SamplingParams

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from train_data import read_metrics, run_overrides
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.loop.data_steps import SampleOrder
 from draftsmith.train.loop.trainer import Trainer, train

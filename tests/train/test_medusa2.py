@@ -22,8 +22,8 @@ from train_data import read_metrics, run_overrides
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.train.config import load_train_config

@@ -10,10 +10,10 @@ from train_data import online_and_offline_losses, read_metrics, run_overrides
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.mtp_drafter import mtp_drafter
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.mtp import load_head
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from train_data import run_overrides
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.loop import accelerator_setup
 from draftsmith.train.loop.accelerator_setup import deepspeed_precision, requested_precision

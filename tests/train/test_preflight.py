@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.preflight.estimate import Knobs, Setup, estimate, trainable_terms
 from draftsmith.train.preflight.plan import preflight_report

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.preflight.estimate import Knobs, Setup, estimate
 from draftsmith.train.preflight.families import what_if_tp_sizes

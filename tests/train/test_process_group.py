@@ -26,7 +26,7 @@ from draftsmith.data_recipes.capture import CaptureFolder, capture
 from draftsmith.data_recipes.capture_reader import TOKEN_TENSORS
 from draftsmith.data_recipes.parts import part_name
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.loop import accelerator_setup
 from draftsmith.train.loop.data_steps import capture_dir, data_commands, ensure_data

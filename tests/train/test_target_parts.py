@@ -24,9 +24,9 @@ from transformers import AutoModelForCausalLM
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.artifacts import weights_hash
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.core.target_parts import INDEX_FILE, PartsOnlyError, TargetParts
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config
 from draftsmith.runtime.heads.mtp import MtpConfig, load_head
 from draftsmith.train.config import load_train_config

@@ -31,8 +31,8 @@ from tolerances import layer_accumulations, model_sums, rounding_atol
 from train_data import write_conversations
 
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.placement import Layout, check_placement, placement_shard_fraction
+from draftsmith.runtime.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, TTT, MAX_LENGTH = 4, 3, 64

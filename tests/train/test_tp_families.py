@@ -31,9 +31,9 @@ from family_models import CONFIGS, SHARPEN, gemma3_config
 from tiny_models import tiny_tokenizer
 from tolerances import model_sums
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import FAMILIES, family_of
 from draftsmith.runtime.core.placement import check_placement, placement_shard_fraction
+from draftsmith.runtime.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT = ("qwen3_moe", "mixtral", "gemma2", "gemma3_text")  # Family.tensor_parallel now True

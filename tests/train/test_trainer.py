@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from train_data import online_and_offline_losses, read_metrics, run_overrides
 
 from draftsmith.runtime.cli.main import main
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.config import load_train_config
 from draftsmith.train.loop import trainer as trainer_module
 from draftsmith.train.loop.checkpoints import check_resume, finished_checkpoints

@@ -336,7 +336,7 @@ def test_trainer_settings_reach_the_step(tiny_dir, source, data_dir, tmp_path):
     ],
 )
 def test_bad_ttt_settings_are_refused(extra, key, tmp_path):
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
 
     with pytest.raises(BadInputError, match=key):
         load_train_config(None, [f"output_dir={tmp_path / 'x'}", *extra]).validate()
@@ -347,7 +347,7 @@ def test_the_cuda_default_is_the_path_ci_runs(tmp_path):
     CUDA is now the explicit scores (run here as the oracle); FlexAttention is train.ttt_attention=flex."""
     from types import SimpleNamespace
 
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
 
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
         assert default_backend(SimpleNamespace(device=torch.device("cuda"), dtype=dtype)) == "math"

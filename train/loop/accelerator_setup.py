@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 
 def build_accelerator(cfg, log_with):

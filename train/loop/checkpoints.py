@@ -22,7 +22,7 @@ from pathlib import Path
 
 from draftsmith.runtime.core.artifacts import content_hash
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 STATE_FILE = "trainer_state.json"

@@ -24,8 +24,8 @@ import torch
 
 from draftsmith.data_recipes.common import check_same_target, fingerprint, read_record
 from draftsmith.runtime.core.artifacts import content_hash
-from draftsmith.runtime.core.errors import BadInputError, renamed_fields
 from draftsmith.runtime.core.targets import cache_root
+from draftsmith.runtime.errors import BadInputError, renamed_fields
 
 log = logging.getLogger("draftsmith")
 PATH_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gguf")  # names ending so are file paths

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 METRICS_FILE = "metrics.jsonl"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from datetime import timedelta
 
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 TIMEOUT_KEY = "train.process_group_timeout_s"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.core.config import save_config
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, renamed_fields
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
 from draftsmith.train.loop.accelerator_setup import no_zero3_init
 from draftsmith.train.loop.checkpoints import (
     cfg_fingerprint,

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.loop.accelerator_setup import build_accelerator, fill_deepspeed_config, no_zero3_init
 from draftsmith.train.loop.data_steps import SampleOrder
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 
 log = logging.getLogger("draftsmith")
 

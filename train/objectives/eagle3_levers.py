@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.objectives.draft_losses import combine, per_position
 
 SCHEDULE_SYNTAX = "stages K or K@F (e.g. 3,7@0.3): K TTT steps from the fraction F of train.max_steps"

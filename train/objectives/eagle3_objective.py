@@ -41,7 +41,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Head
 from draftsmith.train.objectives.eagle3_levers import divergence_loss
 from draftsmith.train.objectives.ttt_attention import ttt_attention

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from draftsmith.runtime.core.errors import DraftsmithError
+from draftsmith.runtime.errors import DraftsmithError
 from draftsmith.train.objectives.eagle3_data import offline_batch, online_batch, pad_rows
 from draftsmith.train.objectives.eagle3_levers import Levers, pad_steps
 from draftsmith.train.objectives.eagle3_objective import TTTBatch, ttt_loss

@@ -13,7 +13,7 @@ Adding a kind: its objective in its own file (and its memory terms), one entry i
 
 from __future__ import annotations
 
-from draftsmith.runtime.core.errors import DraftsmithError
+from draftsmith.runtime.errors import DraftsmithError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.train.objectives.dflash_objective import DFlashKind
 from draftsmith.train.objectives.heads import Eagle3Kind, MtpKind

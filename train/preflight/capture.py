@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError
+from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.train.preflight.estimate import Estimate, Knobs, Setup, count
 from draftsmith.train.preflight.report import (
     NODE,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from draftsmith.runtime.core.errors import BadInputError
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.preflight.families import tp_is_what_if
 from draftsmith.train.preflight.shapes import TargetShapes, head_parameters, lora_parameters
 from draftsmith.train.preflight.units import Term, count, gpu_overheads

@@ -57,7 +57,7 @@ def meta_model(config, name: str, dtype: torch.dtype) -> torch.nn.Module:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from draftsmith.runtime.core.errors import BadInputError
+    from draftsmith.runtime.errors import BadInputError
 
     try:
         with torch.device("meta"):

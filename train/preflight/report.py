@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError, DraftsmithError, renamed_fields
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
 from draftsmith.train.objectives.registry import objective
 from draftsmith.train.preflight.estimate import Estimate, Knobs, Setup, count, estimate
 from draftsmith.train.preflight.shapes import TargetShapes, head_parameters

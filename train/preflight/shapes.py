@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftsmith.runtime.core.errors import BadInputError
 from draftsmith.runtime.core.families import family_of
+from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.preflight.families import TargetArch, meta_model
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def read_target_config(spec: str, resolve: bool = False):
         )
     if not source.is_file():
         raise BadInputError("target", spec, "a model folder with a config.json")
-    from draftsmith.runtime.core.errors import read_json
+    from draftsmith.runtime.errors import read_json
 
     read_json(source, "target")  # malformed JSON is refused naming the file
     return _checked(AutoConfig.from_pretrained(str(source)), spec), name

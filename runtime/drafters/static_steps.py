@@ -11,7 +11,7 @@
 
 The step models (eagle3_drafter.py, mtp_drafter.py, lm_drafter.py) choose these over their models'
 `forward` once per batch when the engine runs static (`generate --cuda-graphs`, bench `+graphs`). Like
-the target's verification (runtime/static/forward.py), nothing inside a step depends on a host value:
+the target's verification (runtime/core/static_forward.py), nothing inside a step depends on a host value:
 K/V go to device slot ids, the mask covers the whole capacity, gathers happen on the device; so each
 step and shape is captured once as a CUDA graph and replayed. A chain's levels all have one shape
 ([B, 1] with a [B, 1, 1] mask: every earlier valid slot is an ancestor), so any depth replays one
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from draftsmith.runtime.static.forward import Graphed, StaticKVCache, capacity_bucket, write_slots
+from draftsmith.runtime.core.static_forward import Graphed, StaticKVCache, capacity_bucket, write_slots
 
 
 class StaticSteps:
