@@ -13,13 +13,12 @@ train/objectives/dflash_objective.py), the export writers and the model card's s
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from draftsmith.runtime.core.artifacts import atomic_save_file, check_round_trip, parameter_summary
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.dflash import DEFAULT_BLOCK, check_block_size
 from draftsmith.runtime.heads.head_kind import (
     DEFAULT_DEPTH,
@@ -30,6 +29,10 @@ from draftsmith.runtime.heads.head_kind import (
     ServeArgs,
     VllmServe,
     Written,
+    lazy_class,
+    lazy_function,
+    serve_speculators,
+    write_checked,
 )
 
 BLOCK_OPTION = "#block="
@@ -104,22 +107,13 @@ def default_depth(arg: str) -> int | None:
     return min(DEFAULT_DEPTH, block - 1) if isinstance(block, int) and block >= 2 else None
 
 
-def read_any(folder, target=None):
-    from draftsmith.runtime.heads.dflash_layout import load_dflash
-
-    return load_dflash(folder, target)
+read_any = lazy_function("draftsmith.runtime.heads.dflash_layout", "load_dflash")
 
 
 # ---- export -----------------------------------------------------------------------------------------------
 def _write(head, config: dict, tensors: dict, out: Path, what: str) -> Written:
     """Write the layout, read it back as `--draft dflash:DIR` does, compare with the head."""
-    with open(out / "config.json", "w") as f:
-        f.write(json.dumps(config, indent=1) + "\n")
-    atomic_save_file(out / "model.safetensors", tensors, {"format": "pt"})
-    back = read_any(out)
-    check_round_trip(head.state_dict(), back.state_dict(), f"{what} export")
-    if asdict(back.config) != asdict(head.config):
-        raise DraftsmithError(f"{what} export: the config read back differs from the head's")
+    write_checked(out, config, tensors, read_any, head.state_dict(), head.config, what)
     c = head.config
     details = [
         f"block of {c.block_size} (anchor + {c.drafts} mask tokens, mask id {c.mask_token_id}), "
@@ -127,7 +121,7 @@ def _write(head, config: dict, tensors: dict, out: Path, what: str) -> Written:
         f"target features: layer outputs {c.aux_layer_ids} (0-based), fused as every layer's context KV",
         f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens",
     ]
-    return Written(c.target, asdict(c), parameter_summary(tensors), details)
+    return Written.of_head(c, tensors, details)
 
 
 def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -156,29 +150,13 @@ def write_zlab(folder: Path, out: Path, options: LayoutOptions) -> Written:
     return _write(head, config, tensors, out, "dflash")
 
 
-def serve_speculators(args: ServeArgs) -> str:
-    return (
-        "## Serve\n\nvLLM (reads the verifier from `speculators_config`; DFlash drafts a block per forward):"
-        f"\n\n```bash\nvllm serve {args.repo}\n```\n\ndraftsmith:\n\n{args.generate}"
-    )
-
-
 def serve_zlab(args: ServeArgs) -> str:
-    k = args.speculative_tokens
-    spec = json.dumps(VLLM.speculative_config(args.repo, k))
     return (
-        "## Serve\n\nvLLM:\n\n"
-        f"```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
+        f"## Serve\n\nvLLM:\n\n{VLLM.serve_command(args)}\n"
         f"SGLang:\n\n```bash\npython -m sglang.launch_server --model-path {args.target} "
         f"--speculative-algorithm DFLASH --speculative-draft-model-path {args.repo}\n```\n\n"
         f"draftsmith:\n\n{args.generate}"
     )
-
-
-def _module() -> type:
-    from draftsmith.runtime.heads.dflash import DFlashHead
-
-    return DFlashHead
 
 
 KIND = HeadKind(
@@ -186,7 +164,7 @@ KIND = HeadKind(
     title="DFlash block drafter",
     about="a DFlash block drafter: our folder or its speculators / z-lab export; dflash:DIR#block=N drafts "
     "a smaller block",
-    module_class=_module,
+    module_class=lazy_class("draftsmith.runtime.heads.dflash", "DFlashHead"),
     section=DFlashSection,
     load_draft=load_draft,
     spec="dflash:DIR[#block=N]",
@@ -194,7 +172,7 @@ KIND = HeadKind(
         "speculators": Layout(
             write=write_speculators,
             read=read_any,
-            serve=serve_speculators,
+            serve=partial(serve_speculators, note="; DFlash drafts a block per forward"),
             reads="verifier",
             about="speculators' DFlash layout (speculators_model_type: dflash), which vLLM serves",
         ),

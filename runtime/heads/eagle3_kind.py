@@ -13,19 +13,13 @@ the model card's serve texts. Heavy modules are imported inside the functions th
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from draftsmith.runtime.core.artifacts import (
-    atomic_save_file,
-    check_round_trip,
-    open_tensors,
-    parameter_summary,
-)
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.core.artifacts import open_tensors
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.eagle3_binding import binding_details, check_export_target
 from draftsmith.runtime.heads.head_kind import (
     CotrainSection,
@@ -35,6 +29,11 @@ from draftsmith.runtime.heads.head_kind import (
     ServeArgs,
     VllmServe,
     Written,
+    lazy_class,
+    lazy_function,
+    plain_load_draft,
+    serve_speculators,
+    write_checked,
 )
 
 if TYPE_CHECKING:
@@ -75,11 +74,6 @@ class Eagle3Section(CotrainSection):
             raise BadInputError("head.num_layers", self.num_layers, "an integer >= 1")
         return self
 
-    def check_run(self, cfg) -> None:
-        # built for Medusa-2 only (train/objectives/medusa2.py)
-        if cfg.cotrain.enabled and cfg.cotrain.self_distill:
-            raise BadInputError("cotrain.self_distill", True, "false for head.type=eagle3 (it is Medusa-2's)")
-
     def head_options(self) -> dict:
         """Eagle3Config.for_target's keywords (the trainer and the memory preflight build the same head)."""
         return dict(
@@ -90,16 +84,7 @@ class Eagle3Section(CotrainSection):
         )
 
 
-def load_draft(arg: str, target) -> tuple[Eagle3Head, dict]:
-    from draftsmith.runtime.heads.layouts import load_eagle3
-
-    return load_eagle3(arg, target).to(device=target.device, dtype=target.dtype), {}
-
-
-def read_any(folder: str, target=None) -> Eagle3Head:
-    from draftsmith.runtime.heads.layouts import load_eagle3
-
-    return load_eagle3(folder, target)
+read_any = lazy_function("draftsmith.runtime.heads.layouts", "load_eagle3")  # any layout, or a Hub id
 
 
 # ---- export writers ---------------------------------------------------------------------------------------
@@ -116,13 +101,7 @@ def _write(
         layout = "speculators" if what == "speculators" else "official"
         config, tensors, expected = quantize_eagle3(head, config, tensors, layout)
         precision = fp8_precision(head.fc.weight.dtype)
-    with open(out / "config.json", "w") as f:
-        f.write(json.dumps(config, indent=1) + "\n")
-    atomic_save_file(out / "model.safetensors", tensors, {"format": "pt"})
-    back = read_any(str(out))
-    check_round_trip(expected, back.state_dict(), f"{what} export")
-    if asdict(back.config) != asdict(head.config):
-        raise DraftsmithError(f"{what} export: the config read back differs from the head's")
+    write_checked(out, config, tensors, read_any, expected, head.config, what)
     ids = (
         config.get("eagle_aux_hidden_state_layer_ids")
         or config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
@@ -133,7 +112,7 @@ def _write(
         f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens (`d2t`)",
         *binding_details(c),  # a co-trained head: which target serves it (runtime/heads/eagle3_binding.py)
     ]
-    return Written(c.target, asdict(c), parameter_summary(tensors), details, precision=precision)
+    return Written.of_head(c, tensors, details, precision=precision)
 
 
 def write_official(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -184,7 +163,6 @@ def _verifier_facts(verifier: str) -> dict:
 # ---- the model card's serve texts -------------------------------------------------------------------------
 def serve_official(args: ServeArgs) -> str:
     k, other = args.speculative_tokens, "vllm" if args.engine == "sglang" else "sglang"
-    spec = json.dumps(VLLM.speculative_config(args.repo, k))
     return (
         "## Serve\n\nThe aux-layer ids in `eagle_config` are written in "
         f"{args.engine}'s convention; export again with `--engine {other}` for {other}.\n\n"
@@ -192,22 +170,9 @@ def serve_official(args: ServeArgs) -> str:
         f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {args.repo} "
         f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}\n"
         "```\n\n"
-        f"vLLM:\n\n```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
+        f"vLLM:\n\n{VLLM.serve_command(args)}\n"
         f"draftsmith:\n\n{args.generate}"
     )
-
-
-def serve_speculators(args: ServeArgs) -> str:
-    return (
-        "## Serve\n\nvLLM (reads the verifier from `speculators_config`):\n\n"
-        f"```bash\nvllm serve {args.repo}\n```\n\ndraftsmith:\n\n{args.generate}"
-    )
-
-
-def _module() -> type:
-    from draftsmith.runtime.heads.eagle3 import Eagle3Head
-
-    return Eagle3Head
 
 
 KIND = HeadKind(
@@ -215,9 +180,9 @@ KIND = HeadKind(
     title="EAGLE-3 draft head",
     about="an EAGLE-3 head: our folder, the official/SGLang or speculators layout, or a Hub id; #ids=input|"
     "output says how foreign aux-layer ids read, #any-target pairs a co-trained head with another target",
-    module_class=_module,
+    module_class=lazy_class("draftsmith.runtime.heads.eagle3", "Eagle3Head"),
     section=Eagle3Section,
-    load_draft=load_draft,
+    load_draft=plain_load_draft(read_any),
     cotrain=True,  # the target may train with the head (train/objectives/eagle3_cotrain.py)
     spec="eagle3:DIR",
     layouts={

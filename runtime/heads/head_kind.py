@@ -25,18 +25,28 @@ A kind is a trained head (EAGLE-3, MTP, ...). It declares:
   by `bench --baselines vllm-NAME:DIR` and the serve texts;
 - `title`, `about` and the serve texts: the words its model card and `--draft`'s help use.
 Its training objective is registered from train/ (train/objectives/registry.py), so this module and the
-registry never import the trainer.
+registry never import the trainer. The pieces several kinds share are here too: `lazy_class` and
+`lazy_function` (a kind imports its head only when asked), `plain_load_draft`, `write_checked` (a layout
+written, read back and compared) and `serve_speculators` (the serve text of a speculators folder).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from draftsmith.runtime.core.artifacts import load_tensors, parameter_summary
-from draftsmith.runtime.errors import BadInputError, read_json
+from draftsmith.runtime.core.artifacts import (
+    atomic_save_file,
+    check_round_trip,
+    load_tensors,
+    parameter_summary,
+)
+from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
 from draftsmith.runtime.heads.head_folder import CONFIG_FILE, WEIGHTS_FILE
 
 DEFAULT_DEPTH = 2  # the default tree, chain:2, suits CPUs (BENCHMARKS.md); shallower for a shallower head
@@ -68,12 +78,19 @@ class CotrainSection(HeadSection):
     kind says which; train/objectives/cotrain.py trains the target)."""
 
     cotrain_weight: float = 0.3
+    allows_self_distill: ClassVar[bool] = False  # cotrain.self_distill: built for Medusa-2 only (medusa2.py)
 
     def validate(self) -> CotrainSection:
         super().validate()
         if not self.cotrain_weight > 0:
             raise BadInputError("head.cotrain_weight", self.cotrain_weight, "a number > 0")
         return self
+
+    def check_run(self, cfg) -> None:
+        if cfg.cotrain.enabled and cfg.cotrain.self_distill and not self.allows_self_distill:
+            raise BadInputError(
+                "cotrain.self_distill", True, f"false for head.type={self.type} (it is Medusa-2's)"
+            )
 
 
 @dataclass
@@ -98,6 +115,11 @@ class Written:
     details: list[str] = field(default_factory=list)  # layout-specific lines (aux ids, modules, ...)
     engine: str | None = None  # whose aux-id convention an eagle3 export wrote
     precision: str = ""  # a quantized export's weights, in the card's words ("" = as trained)
+
+    @classmethod
+    def of_head(cls, config, tensors: dict, details: list[str], **facts) -> Written:
+        """What a writer of the head with `config` reports, its written `tensors` sized."""
+        return cls(config.target, asdict(config), parameter_summary(tensors), details, **facts)
 
 
 @dataclass
@@ -157,6 +179,14 @@ class VllmServe:
         model = {} if self.in_target else {"model": folder}
         return {"method": self.method, **model, "num_speculative_tokens": tokens, **self.extra}
 
+    def serve_command(self, args: ServeArgs, tokens: int | None = None) -> str:
+        """The fenced `vllm serve` of an export drafting `tokens` (default: the card's) per step: the target
+        with the export as its draft, or the export itself when the draft is inside it."""
+        tokens = args.speculative_tokens if tokens is None else tokens
+        spec = json.dumps(self.speculative_config(args.repo, tokens))
+        model = args.repo if self.in_target else args.target
+        return f"```bash\nvllm serve {model} --speculative-config '{spec}'\n```\n"
+
 
 @dataclass(frozen=True)
 class HeadKind:
@@ -211,4 +241,56 @@ def serve_own(args: ServeArgs) -> str:
     return (
         f"## Use\n\ndraftsmith's own layout. Serve it with draftsmith, or export it for an engine{export}:"
         f"\n\n{args.generate}"
+    )
+
+
+# ---- what several kinds share -----------------------------------------------------------------------------
+def lazy_class(module: str, name: str) -> Callable[[], type]:
+    """A kind's `module_class`: `module.name`, imported when asked (the registry stays light)."""
+    return lambda: getattr(importlib.import_module(module), name)
+
+
+def lazy_function(module: str, name: str) -> Callable:
+    """`module.name`, imported at each call: a kind's reader without importing its head with the kind."""
+
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    return call
+
+
+def plain_load_draft(read: Callable) -> Callable:
+    """A kind's `load_draft` without drafter options: `read(arg, target)` on the target's device and dtype."""
+
+    def load_draft(arg: str, target):
+        return read(arg, target).to(device=target.device, dtype=target.dtype), {}
+
+    return load_draft
+
+
+def write_checked(
+    out: Path, config: dict, tensors: dict, read: Callable, expected: dict, head_config, what: str
+):
+    """Write a layout's config.json and model.safetensors into `out`, read it back with `read` (as `--draft`
+    does) and compare with the head (`expected`: its state dict, `head_config`); -> the head read back."""
+    with open(out / CONFIG_FILE, "w") as f:
+        f.write(json.dumps(config, indent=1) + "\n")
+    atomic_save_file(out / WEIGHTS_FILE, tensors, {"format": "pt"})
+    back = read(str(out))
+    check_read_back(back, expected, head_config, what)
+    return back
+
+
+def check_read_back(back, expected: dict, head_config, what: str, whose: str = "head's") -> None:
+    """An export read back holds `expected`'s tensors exactly and the head's config."""
+    check_round_trip(expected, back.state_dict(), f"{what} export")
+    if asdict(back.config) != asdict(head_config):
+        raise DraftsmithError(f"{what} export: the config read back differs from the {whose}")
+
+
+def serve_speculators(args: ServeArgs, note: str = "") -> str:
+    """The serve text of a speculators folder: vLLM reads the verifier from it (`note`: how it drafts)."""
+    return (
+        f"## Serve\n\nvLLM (reads the verifier from `speculators_config`{note}):\n\n"
+        f"```bash\nvllm serve {args.repo}\n```\n\ndraftsmith:\n\n{args.generate}"
     )

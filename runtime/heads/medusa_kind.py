@@ -16,13 +16,11 @@ imported inside the functions that use them.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from draftsmith.runtime.core.artifacts import check_round_trip, parameter_summary
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.head_kind import (
     CONFIG_FILE,
     DEFAULT_DEPTH,
@@ -33,6 +31,10 @@ from draftsmith.runtime.heads.head_kind import (
     ServeArgs,
     VllmServe,
     Written,
+    check_read_back,
+    lazy_class,
+    lazy_function,
+    plain_load_draft,
 )
 from draftsmith.runtime.heads.medusa import MAX_HEADS
 
@@ -45,6 +47,7 @@ class MedusaSection(CotrainSection):
     Medusa-2 with `cotrain:` (configs/medusa2-lora-smollm2-135m.yaml, train/objectives/medusa2.py)."""
 
     type: Literal["medusa"] = "medusa"
+    allows_self_distill: ClassVar[bool] = True  # Medusa-2's self-distillation (train/objectives/medusa2.py)
     num_heads: int = 3  # K: head k predicts token t+k+2
     num_layers: int = 1  # residual blocks per head
     original_lm_head: bool = True  # share the target's LM head (0.33M parameters per head on SmolLM2)
@@ -88,13 +91,6 @@ class MedusaSection(CotrainSection):
 
 
 # ---- drafting ---------------------------------------------------------------------------------------------
-def load_draft(arg: str, target):
-    """`--draft medusa:DIR`: ours, vLLM's or FasterDecoding's folder (detected)."""
-    from draftsmith.runtime.heads.medusa_layout import load_medusa
-
-    return load_medusa(arg, target).to(device=target.device, dtype=target.dtype), {}
-
-
 def _accuracies(folder: str) -> list[list[float]] | None:
     """The calibration accuracies a head folder records (ours, or a vLLM export's provenance block)."""
     from draftsmith.runtime.heads.medusa_layout import PROVENANCE_KEY
@@ -124,10 +120,8 @@ def default_depth(arg: str) -> int | None:
     return min(DEFAULT_DEPTH, heads) if isinstance(heads, int) and heads >= 1 else None
 
 
-def read_any(folder, target=None):
-    from draftsmith.runtime.heads.medusa_layout import load_medusa
-
-    return load_medusa(folder, target)
+# `--draft medusa:DIR`: ours, vLLM's or FasterDecoding's folder (detected)
+read_any = lazy_function("draftsmith.runtime.heads.medusa_layout", "load_medusa")
 
 
 # ---- export: vLLM's layout --------------------------------------------------------------------------------
@@ -147,9 +141,7 @@ def write_vllm_layout(folder: Path, out: Path, options: LayoutOptions) -> Writte
     heads = MedusaHeads.from_pretrained(folder, target)
     write_vllm(heads, target, out)
     back = read_any(out, target)
-    check_round_trip(heads.state_dict(), back.state_dict(), "medusa export")
-    if asdict(back.config) != asdict(heads.config):
-        raise DraftsmithError("medusa export: the config read back differs from the heads'")
+    check_read_back(back, heads.state_dict(), heads.config, "medusa", whose="heads'")
     c = heads.config
     lm = "a copy of the target's LM head (shared in training)" if c.original_lm_head else "own LM heads"
     details = [
@@ -158,24 +150,17 @@ def write_vllm_layout(folder: Path, out: Path, options: LayoutOptions) -> Writte
         + (" (`token_map`)" if c.out_vocab < c.vocab_size else ""),
     ]
     tensors = {k: v for k, v in back.state_dict().items() if k.startswith(("blocks.", "lm_heads."))}
-    return Written(c.target, asdict(c), parameter_summary(tensors), details)
+    return Written.of_head(c, tensors, details)
 
 
 # ---- the model card's serve texts -------------------------------------------------------------------------
 def serve_vllm(args: ServeArgs) -> str:
     """vLLM's speculative config (vllm/config/speculative.py: `method`, `model`, `num_speculative_tokens`)."""
-    spec = json.dumps(VLLM.speculative_config(args.repo, args.speculative_tokens))
     return (
         "## Serve\n\nvLLM (its Medusa proposer drafts a chain, one token per head):\n\n"
-        f"```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
+        f"{VLLM.serve_command(args)}\n"
         f"draftsmith (trees too: `--tree cartesian:3,2,1` or `--tree sparse:15`):\n\n{args.generate}"
     )
-
-
-def _module() -> type:
-    from draftsmith.runtime.heads.medusa import MedusaHeads
-
-    return MedusaHeads
 
 
 KIND = HeadKind(
@@ -183,9 +168,9 @@ KIND = HeadKind(
     title="Medusa heads",
     about="Medusa heads: our folder, vLLM's or FasterDecoding's layout; --tree cartesian:K1,.. or sparse:N "
     "too",
-    module_class=_module,
+    module_class=lazy_class("draftsmith.runtime.heads.medusa", "MedusaHeads"),
     section=MedusaSection,
-    load_draft=load_draft,
+    load_draft=plain_load_draft(read_any),
     spec="medusa:DIR",
     layouts={
         "medusa": Layout(

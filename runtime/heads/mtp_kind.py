@@ -31,11 +31,13 @@ from draftsmith.runtime.heads.head_kind import (
     ServeArgs,
     VllmServe,
     Written,
+    lazy_class,
+    lazy_function,
 )
 from draftsmith.runtime.heads.mtp_config import MAX_MODULES
 
 if TYPE_CHECKING:
-    from draftsmith.runtime.heads.mtp import MtpHead
+    pass
 
 log = logging.getLogger(__name__)
 VLLM = VllmServe(layout="mtp-mimo", method="mtp", in_target=True)  # the target written with the module
@@ -69,11 +71,6 @@ class MtpSection(CotrainSection):
         if not 1 <= self.num_modules <= MAX_MODULES:
             raise BadInputError("head.num_modules", self.num_modules, f"an integer in [1, {MAX_MODULES}]")
         return self
-
-    def check_run(self, cfg) -> None:
-        # built for Medusa-2 only (train/objectives/medusa2.py)
-        if cfg.cotrain.enabled and cfg.cotrain.self_distill:
-            raise BadInputError("cotrain.self_distill", True, "false for head.type=mtp (it is Medusa-2's)")
 
     def head_options(self) -> dict:
         """MtpConfig.for_target's keywords besides the module count (trainer and preflight alike)."""
@@ -215,24 +212,14 @@ def serve_deepseek(args: ServeArgs) -> str:
 
 
 def serve_mimo(args: ServeArgs) -> str:
-    spec = json.dumps(VLLM.speculative_config(args.repo, 1))
     return (
         "## Serve\n\nThis folder is the target written as `MiMoForCausalLM` (Qwen2 with zero q/k/v "
         "biases, which computes exactly the Llama target) with the MTP module as "
-        f"`model.mtp_layers.0`. vLLM:\n\n```bash\nvllm serve {args.repo} --speculative-config '{spec}'\n```\n"
+        f"`model.mtp_layers.0`. vLLM:\n\n{VLLM.serve_command(args, tokens=1)}"
     )
 
 
-def read_any(folder: str, target=None) -> MtpHead:
-    from draftsmith.runtime.heads.mtp import load_head
-
-    return load_head(folder, target)
-
-
-def _module() -> type:
-    from draftsmith.runtime.heads.mtp import MtpHead
-
-    return MtpHead
+read_any = lazy_function("draftsmith.runtime.heads.mtp", "load_head")
 
 
 KIND = HeadKind(
@@ -240,7 +227,7 @@ KIND = HeadKind(
     title="MTP modules",
     about="MTP modules: our folder or DeepSeek's / MiMo's layout; tree depth <= modules, or "
     "mtp:DIR#recursive to reuse the last module deeper",
-    module_class=_module,
+    module_class=lazy_class("draftsmith.runtime.heads.mtp", "MtpHead"),
     section=MtpSection,
     load_draft=load_draft,
     spec="mtp:DIR[#recursive]",

@@ -24,20 +24,17 @@ Every writer reads its folder back and compares every tensor with the head.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from draftsmith.runtime.core.artifacts import (
-    atomic_save_file,
-    check_round_trip,
     load_tensors,
-    parameter_summary,
 )
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.head_kind import (
     HeadKind,
     HeadSection,
@@ -46,6 +43,10 @@ from draftsmith.runtime.heads.head_kind import (
     ServeArgs,
     VllmServe,
     Written,
+    lazy_class,
+    plain_load_draft,
+    serve_speculators,
+    write_checked,
 )
 
 if TYPE_CHECKING:
@@ -80,10 +81,6 @@ class PEagleSection(HeadSection):
 
 
 # ---- drafting ---------------------------------------------------------------------------------------------
-def load_draft(arg: str, target):
-    return read_any(arg, target).to(device=target.device, dtype=target.dtype), {}
-
-
 def default_depth(arg: str) -> int | None:
     return None  # the registry's chain:2; `--tree chain:K` drafts the whole block
 
@@ -193,20 +190,14 @@ def _tokens(head: PEagleHead, options: LayoutOptions) -> int:
 
 
 def _write(head: PEagleHead, config: dict, tensors: dict, out: Path, what: str) -> Written:
-    with open(out / "config.json", "w") as f:
-        f.write(json.dumps(config, indent=1) + "\n")
-    atomic_save_file(out / "model.safetensors", tensors, {"format": "pt"})
-    back = read_any(str(out))
-    check_round_trip(head.state_dict(), back.state_dict(), f"peagle {what} export")
-    if asdict(back.config) != asdict(head.config):
-        raise DraftsmithError(f"peagle {what} export: the config read back differs from the head's")
+    write_checked(out, config, tensors, read_any, head.state_dict(), head.config, f"peagle {what}")
     c = head.config
     details = [
         f"block: {c.block_size} tokens per forward; mask token id {c.mask_token_id} (its embedding row)",
         f"aux layers (0-based decoder-layer outputs): {c.aux_layer_ids}",
         f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens (`d2t`)",
     ]
-    return Written(c.target, asdict(c), parameter_summary(tensors), details)
+    return Written.of_head(c, tensors, details)
 
 
 def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -277,40 +268,23 @@ def _check_other_rows(embed: torch.Tensor, mask_id: int, target) -> None:
 
 
 # ---- the model card's serve texts -------------------------------------------------------------------------
-def serve_speculators(args: ServeArgs) -> str:
-    return (
-        "## Serve\n\nvLLM (reads the verifier from `speculators_config`, drafts in parallel):\n\n"
-        f"```bash\nvllm serve {args.repo}\n```\n\ndraftsmith:\n\n{args.generate}"
-    )
-
-
 def serve_vllm(args: ServeArgs) -> str:
-    spec = json.dumps(VLLM.speculative_config(args.repo, args.speculative_tokens))
-    return (
-        f"## Serve\n\nvLLM:\n\n```bash\nvllm serve {args.target} --speculative-config '{spec}'\n```\n\n"
-        f"draftsmith:\n\n{args.generate}"
-    )
-
-
-def _module() -> type:
-    from draftsmith.runtime.heads.peagle import PEagleHead
-
-    return PEagleHead
+    return f"## Serve\n\nvLLM:\n\n{VLLM.serve_command(args)}\ndraftsmith:\n\n{args.generate}"
 
 
 KIND = HeadKind(
     name="peagle",
     title="P-EAGLE draft head",
     about="a P-EAGLE head drafting K tokens per forward: our folder, speculators' or vLLM's layout",
-    module_class=_module,
+    module_class=lazy_class("draftsmith.runtime.heads.peagle", "PEagleHead"),
     section=PEagleSection,
-    load_draft=load_draft,
+    load_draft=plain_load_draft(read_any),
     spec="peagle:DIR",
     layouts={
         "speculators": Layout(
             write=write_speculators,
             read=read_any,
-            serve=serve_speculators,
+            serve=partial(serve_speculators, note=", drafts in parallel"),
             reads="verifier",
             about="speculators' peagle folder (layers.0.*, mask_hidden, embed_tokens carrying the mask row): "
             "`vllm serve DIR` drafts in parallel (EAGLE-3 with parallel_drafting)",
