@@ -129,6 +129,11 @@ def generate_turns(
             chunk_id += 1
             bar.update(len(batch))
     bar.close()
+    return answered(conversations, answers)
+
+
+def answered(conversations: dict[str, list[dict]], answers: dict) -> dict[str, list[dict]]:
+    """The conversations whose every assistant turn has an answer, with those answers."""
     return {
         row_id: [_with_answer(m, i, row_id, answers) for i, m in enumerate(messages)]
         for row_id, messages in conversations.items()
@@ -185,6 +190,45 @@ def part_conversations(data_dir, num_shards: int, shard_index: int):
     return dataset, dict(list(conversations.items())[lo:hi]), (lo, hi)
 
 
+def check_counts(*named: tuple[str, object]) -> None:
+    """Each (flag, value) an integer >= 1."""
+    for name, value in named:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BadInputError(name, value, "an integer >= 1")
+
+
+def regeneration_record(target, source: dict, params: SamplingParams, max_new_tokens: int, seed: int,
+                        **more) -> StepRecord:  # fmt: skip
+    """The record of regenerating the prepared folder recorded as `source`: what makes its answers
+    (`more`: the engine's own inputs)."""
+    return StepRecord(
+        "regenerate",
+        inputs={
+            "fingerprint": fingerprint(target),
+            "data_hash": source["inputs_hash"],
+            "sampling": {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k},
+            "max_new_tokens": max_new_tokens,
+            "seed": seed,
+            "max_length": source["inputs"].get("max_length"),
+            **more,
+        },
+    )
+
+
+def done_before(out: Path, record: StepRecord, num_shards: int, shard_index: int) -> tuple[dict | None, Path]:
+    """The record `out` already holds for this regeneration (whole, or this part; None if none) and the
+    part's folder."""
+    whole = whole_done(out, record.inputs_hash, "regenerate")  # made before, in one run or in parts
+    if whole is not None:
+        log.info("%s already holds this regeneration (inputs %s): nothing to do", out, record.inputs_hash)
+        return whole, out
+    part = part_folder(out, record, num_shards, shard_index, "regenerate")
+    if num_shards > 1 and is_done(part, record):
+        log.info("%s already holds this part (inputs %s): nothing to do", part, record.inputs_hash)
+        return json.loads((part / RECORD_FILE).read_text()), part
+    return None, part
+
+
 def regenerate(
     target,
     data_dir: str | Path,
@@ -204,33 +248,15 @@ def regenerate(
     from draftsmith.data_recipes.prepare import write_prepared
 
     params.validate()
-    for name, value in (("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BadInputError(name, value, "an integer >= 1")
+    check_counts(("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size))
     check_shard_args(num_shards, shard_index)
     source = require_whole(data_dir, "--data", ("prepare", "regenerate"))
     check_same_target(source, target, "--target")
     out = check_output_dir("--out", out)  # a file there, or above it
-    record = StepRecord(
-        "regenerate",
-        inputs={
-            "fingerprint": fingerprint(target),
-            "data_hash": source["inputs_hash"],
-            "sampling": {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k},
-            "max_new_tokens": max_new_tokens,
-            "seed": seed,
-            "max_length": source["inputs"].get("max_length"),
-        },
-    )
-    whole = whole_done(out, record.inputs_hash, "regenerate")  # made before, in one run or in parts
-    if whole is not None:
-        log.info("%s already holds this regeneration (inputs %s): nothing to do", out, record.inputs_hash)
-        return whole
-    part = part_folder(out, record, num_shards, shard_index, "regenerate")
-    if num_shards > 1:
-        if is_done(part, record):
-            log.info("%s already holds this part (inputs %s): nothing to do", part, record.inputs_hash)
-            return json.loads((part / RECORD_FILE).read_text())
+    record = regeneration_record(target, source, params, max_new_tokens, seed)
+    done, part = done_before(out, record, num_shards, shard_index)
+    if done is not None:
+        return done
     partial = open_partial(Path(f"{part}.partial"), record.inputs)
     dataset, conversations, rows_range = part_conversations(data_dir, num_shards, shard_index)
     if rows_range is not None:

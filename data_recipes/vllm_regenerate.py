@@ -37,22 +37,15 @@ from tqdm.auto import tqdm
 
 from draftsmith.data_recipes import regenerate as regen
 from draftsmith.data_recipes.common import (
-    RECORD_FILE,
-    StepRecord,
     Summary,
     check_same_target,
     content_hash,
-    fingerprint,
-    is_done,
 )
 from draftsmith.data_recipes.parts import (
     check_shard_args,
-    part_folder,
     require_whole,
-    whole_done,
 )
 from draftsmith.runtime.core.config import atomic_write_text
-from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.sampling import SamplingParams
 
 log = logging.getLogger("draftsmith")
@@ -171,31 +164,16 @@ def regenerate_vllm(view, data_dir, out, params: SamplingParams, max_new_tokens:
     from draftsmith.data_recipes.vllm_engine import DataWorker, check_tensor_parallel
 
     params.validate()
-    for name, value in (("--max-new-tokens", max_new_tokens), ("--max-num-seqs", max_num_seqs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BadInputError(name, value, "an integer >= 1")
+    regen.check_counts(("--max-new-tokens", max_new_tokens), ("--max-num-seqs", max_num_seqs))
     check_shard_args(num_shards, shard_index)
     check_tensor_parallel(view.config, tensor_parallel_size)
     source = require_whole(data_dir, "--data", ("prepare", "regenerate"))
     check_same_target(source, view, "--target")
     out = Path(out)
-    record = StepRecord("regenerate", inputs={
-        "fingerprint": fingerprint(view),
-        "data_hash": source["inputs_hash"],
-        "sampling": {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k},
-        "max_new_tokens": max_new_tokens,
-        "seed": seed,
-        "max_length": source["inputs"].get("max_length"),
-        "engine": "vllm",
-    })  # fmt: skip
-    whole = whole_done(out, record.inputs_hash, "regenerate")
-    if whole is not None:
-        log.info("%s already holds this regeneration (inputs %s): nothing to do", out, record.inputs_hash)
-        return whole
-    part = part_folder(out, record, num_shards, shard_index, "regenerate")
-    if num_shards > 1 and is_done(part, record):
-        log.info("%s already holds this part (inputs %s): nothing to do", part, record.inputs_hash)
-        return json.loads((part / RECORD_FILE).read_text())
+    record = regen.regeneration_record(view, source, params, max_new_tokens, seed, engine="vllm")
+    done, part = regen.done_before(out, record, num_shards, shard_index)
+    if done is not None:
+        return done
     store = PartialAnswers(Path(f"{part}.partial"), record.inputs)
     dataset, conversations, rows_range = regen.part_conversations(data_dir, num_shards, shard_index)
     if rows_range is not None:
@@ -217,12 +195,7 @@ def regenerate_vllm(view, data_dir, out, params: SamplingParams, max_new_tokens:
                                     "tensor_parallel_size": tensor_parallel_size}  # fmt: skip
     log.info("vllm generated %d tokens in %.1f s (%.1f tokens/s)", stats["tokens"], stats["wall_s"],
              stats["tokens"] / max(stats["wall_s"], 1e-9))  # fmt: skip
-    answers = store.answers
-    new = {
-        row_id: [regen._with_answer(m, i, row_id, answers) for i, m in enumerate(messages)]
-        for row_id, messages in conversations.items()
-        if all((row_id, i) in answers for i in regen.assistant_turns(messages))
-    }
+    new = regen.answered(conversations, store.answers)
     rows = {split: [(r, new[r]) for r in dataset[split]["id"] if r in new] for split in dataset}
     done = write_prepared(view, rows, part, record, summary, record.inputs["max_length"], progress=progress)
     shutil.rmtree(store.partial, ignore_errors=True)
