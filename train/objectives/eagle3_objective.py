@@ -205,6 +205,21 @@ def target_distributions(
     return probs, in_vocab
 
 
+def target_reads(head, batch: TTTBatch, target_logits: Callable, logit_chunk: int):
+    """The target's draft distributions where some step (or depth) reads them, p with p+1 supervised ->
+    (supervised [B, T], probs [R, Vd], row_of [B, T]: position p's row in probs where read, in_vocab_at
+    [B, T]: the token after p+1 is in the draft vocabulary)."""
+    valid = torch.ones_like(batch.input_ids, dtype=torch.bool) if batch.valid is None else batch.valid
+    supervised = (batch.loss_mask > 0) & valid  # [B, T]
+    read = torch.zeros_like(supervised)  # [B, T]: p where some step reads the target (p+1 supervised)
+    read[:, 1:-1] = supervised[:, 2:]
+    probs, in_vocab = target_distributions(head, target_logits, batch.target_hidden[read], logit_chunk)
+    row_of = read.flatten().cumsum(0).view_as(read) - 1  # [B, T] row of position p in probs, where read
+    in_vocab_at = torch.zeros_like(read)
+    in_vocab_at[read] = in_vocab
+    return supervised, probs, row_of, in_vocab_at
+
+
 def _soft_ce_chunk(head: Eagle3Head, probs: torch.Tensor, h: torch.Tensor, rows: torch.Tensor):
     """h [C, H] outputs, rows [C] their targets' rows of probs -> (sum of soft CE, argmax matches)."""
     logits = head.draft_logits(h)  # [C, Vd]
@@ -244,19 +259,12 @@ def ttt_loss(
     weights=None,  # head.ttt_weights: per-step loss weights (the first `steps`); None = decay**k
 ) -> TTTOutput:
     ids, length = batch.input_ids, batch.input_ids.shape[1]
-    valid = torch.ones_like(ids, dtype=torch.bool) if batch.valid is None else batch.valid
-    supervised = (batch.loss_mask > 0) & valid  # [B, T]
-    read = torch.zeros_like(supervised)  # [B, T]: p where some step reads the target (p+1 supervised)
-    read[:, 1:-1] = supervised[:, 2:]
-    probs, in_vocab = target_distributions(head, target_logits, batch.target_hidden[read], logit_chunk)
-    row_of = read.flatten().cumsum(0).view_as(read) - 1  # [B, T] row of position p in probs, where read
-    in_vocab_at = torch.zeros_like(read)
-    in_vocab_at[read] = in_vocab
+    supervised, probs, row_of, in_vocab_at = target_reads(head, batch, target_logits, logit_chunk)
     losses, corrects, counts = [], [], []
     for k, h in enumerate(unroll(head, embed, ids, batch.features, steps, attention, checkpoint_layers)):
         # step k at t is scored against the target's distribution at t+k+1 (over token t+k+2)
         width = max(length - k - 1, 0)
-        counted = torch.zeros_like(valid)
+        counted = torch.zeros_like(supervised)
         counted[:, : max(length - k - 2, 0)] = supervised[:, k + 2 :]
         counted[:, :width] &= in_vocab_at[:, k + 1 :]
         rows, n = row_of[:, k + 1 :][counted[:, :width]], counted.sum()

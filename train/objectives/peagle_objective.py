@@ -41,7 +41,7 @@ from draftsmith.train.objectives.eagle3_objective import (
     TTTOutput,
     dense_step_losses,
     soft_ce,
-    target_distributions,
+    target_reads,
 )
 from draftsmith.train.preflight.eagle3_memory import eagle3_terms
 
@@ -89,14 +89,7 @@ def peagle_loss(
 ) -> TTTOutput:
     depths = depths or head.block_size
     ids = batch.input_ids
-    valid = torch.ones_like(ids, dtype=torch.bool) if batch.valid is None else batch.valid
-    supervised = (batch.loss_mask > 0) & valid  # [B, T]
-    read = torch.zeros_like(supervised)  # [B, T]: p where some depth reads the target (p+1 supervised)
-    read[:, 1:-1] = supervised[:, 2:]
-    probs, in_vocab = target_distributions(head, target_logits, batch.target_hidden[read], logit_chunk)
-    row_of = read.flatten().cumsum(0).view_as(read) - 1  # [B, T] row of position p in probs, where read
-    in_vocab_at = torch.zeros_like(read)
-    in_vocab_at[read] = in_vocab
+    supervised, probs, row_of, in_vocab_at = target_reads(head, batch, target_logits, logit_chunk)
     losses, corrects, counts = [], [], []
     for d, h in enumerate(unroll_block(head, embed, ids, batch.features, depths)):
         counted = counted_at(supervised, in_vocab_at, d)
