@@ -9,7 +9,8 @@
   `mtp` (with `mtp_config`, and `mtp_block`: its blocks per family, MoE or dense), `medusa` (with its
   trees `medusa_tree`: cartesian and sparse), `dflash` (the DFlash block drafter),
   `peagle` (P-EAGLE: the EAGLE-3 head drafting K positions in one forward), `aux_layers` (which
-  target hidden states feature heads read);
+  target hidden states feature heads read), `draft_vocab` (the reduced draft vocabulary EAGLE-3 and DFlash
+  heads share: `d2t`, `t2d`);
 - engine layouts: `layouts` (EAGLE-3: vLLM, SGLang, speculators), `mtp_layout` (DeepSeek-V3's;
   `mtp_stream` writes it shard by shard),
   `medusa_layout` (vLLM's medusa, FasterDecoding's on import), `dflash_layout` (speculators', z-lab's);

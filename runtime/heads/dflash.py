@@ -37,6 +37,7 @@ from torch.nn import functional as F
 from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.aux_layers import default_aux_layers
+from draftsmith.runtime.heads.draft_vocab import DraftVocab
 from draftsmith.runtime.heads.eagle3 import check_feature_head, draft_layer_fields
 from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder
 
@@ -182,7 +183,7 @@ class DFlashLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class DFlashHead(nn.Module):
+class DFlashHead(nn.Module, DraftVocab):
     def __init__(self, cfg: DFlashConfig):
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
@@ -197,19 +198,7 @@ class DFlashHead(nn.Module):
         self.lm_head = nn.Linear(hidden, cfg.draft_vocab_size, bias=False)
         self.lm_head.weight.requires_grad_(False)  # the target's rows, frozen (the paper, speculators)
         self.rotary = Qwen3RotaryEmbedding(qwen3)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.set_draft_vocab(torch.arange(cfg.draft_vocab_size))
-
-    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
-        """Draft id i stands for target id target_ids[i] (ascending, unique)."""
-        self.d2t.copy_(target_ids - torch.arange(len(target_ids)))
-        self.t2d.zero_()
-        self.t2d[target_ids] = True
-
-    def draft_ids(self) -> torch.Tensor:
-        """[Vd] the target id of each draft id."""
-        return self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
+        self.register_draft_vocab(cfg.draft_vocab_size, cfg.vocab_size)
 
     @torch.no_grad()
     def init_from_target(self, target) -> DFlashHead:

@@ -37,6 +37,7 @@ from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.masks import attention_mask
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.aux_layers import default_aux_layers
+from draftsmith.runtime.heads.draft_vocab import DraftVocab
 from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder
 
 LAYER_KEYS = (  # the Llama fields that describe the draft layer, copied from the target's config
@@ -209,7 +210,7 @@ class Eagle3DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(nn.Module, DraftVocab):
     def __init__(self, cfg: Eagle3Config):
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
@@ -231,15 +232,7 @@ class Eagle3Head(nn.Module):
         self.norm = LlamaRMSNorm(hidden, cfg.layer.get("rms_norm_eps", 1e-6))
         self.lm_head = nn.Linear(hidden, cfg.draft_vocab_size, bias=False)
         self.rotary = LlamaRotaryEmbedding(llama)
-        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.set_draft_vocab(torch.arange(cfg.draft_vocab_size))
-
-    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
-        """Draft id i stands for target id target_ids[i] (ascending, unique)."""
-        self.d2t.copy_(target_ids - torch.arange(len(target_ids)))
-        self.t2d.zero_()
-        self.t2d[target_ids] = True
+        self.register_draft_vocab(cfg.draft_vocab_size, cfg.vocab_size)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """The target's concatenated aux hidden states [.., A*Ht] -> the fused feature [.., H]."""
@@ -317,7 +310,7 @@ class Eagle3Head(nn.Module):
         does), so the runtime samples and verifies in the target's vocabulary."""
         draft = self.draft_logits(h)
         full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
-        index = (self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)).expand_as(draft)
+        index = self.draft_ids().expand_as(draft)
         return full.scatter(-1, index, draft)
 
     @classmethod
