@@ -31,11 +31,11 @@ PACKAGES = {"runtime": "runtime", "train": "train", "kernels": "gpu_kernels", "d
 SYNCS = """
 import collections, torch, json, sys
 from draftsmith.runtime.core.speculative import generate_speculative
-from draftsmith.runtime.core.targets import resolve_target
+from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import build_drafter
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import parse_tree_spec
-target = resolve_target("smollm2-135m")
+target = Target.load("smollm2-135m")
 prompts = [target.encode(p) for p in ("Write a haiku about rain.", "List three prime numbers.", "Hi!")]
 out = {}
 for spec, tree in json.loads(sys.argv[1]):
@@ -68,11 +68,11 @@ def make_heads(out: Path) -> dict[str, Path]:
     """MTP (2 modules) and Medusa (3 heads) folders for the embedded target, seeded, saved once."""
     import torch
 
-    from draftsmith.runtime.core.targets import resolve_target
+    from draftsmith.runtime.core.target import Target
     from draftsmith.runtime.heads.medusa import MedusaConfig, MedusaHeads
     from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead, save_head
 
-    target = resolve_target("smollm2-135m")
+    target = Target.load("smollm2-135m")
     folders = {"mtp": out / "heads" / "mtp", "medusa": out / "heads" / "medusa"}
     if not folders["mtp"].is_dir():
         torch.manual_seed(0)
