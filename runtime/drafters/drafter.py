@@ -28,13 +28,13 @@ import copy
 
 import torch
 
-from draftsmith.runtime.verify.draft_batch import DraftBatch
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import TreeSpec
 
 
 class Drafter:
-    """The protocol's no-op parts; drafters implement `propose` (none derives from another drafter)."""
+    """The protocol's no-op parts. Every drafter adds `propose(contexts, tree) -> DraftBatch` (the module
+    docstring); none derives from another drafter."""
 
     name = "drafter"
     capture_layers: tuple[int, ...] = ()  # target layers whose hidden states the drafter reads
@@ -53,9 +53,6 @@ class Drafter:
         static_slots: int | None = None,
     ) -> None:
         self.params, self.generators = params, generators
-
-    def propose(self, contexts: list[list[int]], tree: TreeSpec) -> DraftBatch:
-        raise NotImplementedError
 
     def commit(
         self,
