@@ -134,7 +134,7 @@ class Speculator:
     static: bool = False  # the static engine path (SpecConfig.static)
     max_depth: int | None = None  # auto:K's K; None: a fixed tree
     costs: VerifyCosts | None = None  # auto:K: the target's verify-cost curve, measured at build
-    draft_quantization: str | None = None  # the drafter's weight quantization label (None: as loaded)
+    draft_quantization: str | None = None  # what the drafter's linears hold: int8, int4-g64, fp8; None: none
     policies: dict[int, LoadAwareDepth] = field(default_factory=dict)  # batch size -> its policy
 
     def policy(self, batch: int) -> LoadAwareDepth | None:
@@ -250,20 +250,22 @@ def make_drafter(target: Target, cfg: SpecConfig) -> Drafter | None:
 
 def adapt_drafter(drafter: Drafter | None, target: Target, cfg: SpecConfig) -> str | None:
     """--quantize-draft, then the target's CPU-linears plan, on the drafter's own modules -> the draft's
-    quantization label (None: unquantized)."""
-    from draftsmith.runtime.core.quantize import own_linears, parse_quantize, quantize_draft
+    quantization as its modules now hold it (None: unquantized), an int8 folder's included."""
+    from draftsmith.runtime.core.quantize import (
+        draft_quantization,
+        own_linears,
+        parse_quantize,
+        quantize_draft,
+    )
     from draftsmith.runtime.core.row_linear import drafter_roots, use_rows_linear
 
-    label = None
     quant = parse_quantize(cfg.quantize_draft, cfg.draft_group_size, "--quantize-draft")
     if quant is not None and not (cfg.weightless_ok and not own_linears(drafter, target)[1]):
-        # TODO(composition): quantize_draft swaps the drafter's linears and writes drafter.quantization from
-        # outside the drafter; a drafter built at its precision would own both.
-        label = quantize_draft(drafter, target, quant, cfg.draft).label
+        quantize_draft(drafter, target, quant, cfg.draft)  # a module transform, as torchao's quantize_
     if cfg.rows_plan:  # heads and draft models have the target's widths; quantized linears keep their own
         for root in drafter_roots(drafter, target):
             use_rows_linear(root, cfg.rows_plan)
-    return label
+    return draft_quantization(drafter, target)
 
 
 _COSTS: dict = {}  # (target, batch sizes, nodes) -> VerifyCosts: one measurement per process and target

@@ -139,6 +139,7 @@ def bf16_at_least(x: torch.Tensor) -> torch.Tensor:
 
 class QuantLinear(nn.Module):
     """Base of the quantized linears: keeps in/out features and the bias (fp32) of the linear it replaces.
+    `label` names the layout as outputs record it (QuantSpec.label).
     `weight` is an empty tensor of the replaced weight's dtype and device: code that asks a linear for its
     dtype or device (a head sizing its KV cache) still can, code that reads its values fails loudly (the
     LM head is the exception: `keep_weight` keeps the fp32 weight readable, see the module docstring)."""
@@ -155,6 +156,11 @@ class QuantLinear(nn.Module):
         # what cost proxies read (drafter.count_params, bench roofline.weight_bytes): the replaced weight's
         # parameters, and the bytes a forward reads (the quantized buffers, never a kept fp32 weight)
         self.weights_in_buffers = 0 if keep_weight else self.in_features * self.out_features
+
+    def store_rows(self, qweight: torch.Tensor, scale: torch.Tensor) -> None:
+        """The per-output-row layouts (int8, fp8): codes [N, K] and one scale per row [N]."""
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
 
     def read_bytes(self) -> int:
         """Bytes a forward reads: the kernel's buffers (not int4's unpacked-order copy nor a kept weight)."""
@@ -173,16 +179,26 @@ class QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.describe()}"
 
 
+def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float32 -> (q int8 [N, K] in [-127, 127], s bf16 [N] >= max|w_row| / 127)."""
+    scale = bf16_at_least(w.abs().amax(dim=1).clamp_min(1e-30) / 127)  # [N]: covers the row
+    return torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def fp8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float32 -> (e4m3 codes [N, K], s fp32 [N] = max|w_row| / 448)."""
+    scale = w.abs().amax(dim=1).clamp_min(1e-30) / torch.finfo(torch.float8_e4m3fn).max  # [N]
+    return (w / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
 class Int8Linear(QuantLinear):
     """W ~= q * s per output row; q int8 in [-127, 127], s bf16 [N] >= max|W_row| / 127."""
 
+    label = "int8"
+
     def __init__(self, linear: nn.Linear, keep_weight: bool = False):
         super().__init__(linear, keep_weight)
-        w = linear.weight.detach().float()  # [N, K]
-        scale = bf16_at_least(w.abs().amax(dim=1).clamp_min(1e-30) / 127)  # [N]: covers the row
-        q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)  # [N, K]
-        self.register_buffer("qweight", q)
-        self.register_buffer("scale", scale)
+        self.store_rows(*int8_rows(linear.weight.detach().float()))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N] bf16
         return torch.ops.aten._weight_int8pack_mm(x.to(ACT).contiguous(), self.qweight, self.scale)
@@ -202,6 +218,7 @@ class Int4Linear(QuantLinear):
         super().__init__(linear, keep_weight)
         n, k = linear.weight.shape
         self.group = group
+        self.label = f"int4-g{group}"
         w = linear.weight.detach().float().view(n, k // group, group)  # [N, G, g]
         lo, hi = w.amin(-1), w.amax(-1)  # [N, G]
         zero = (lo + 8 * (hi - lo) / 15).to(ACT)  # rounded before the scale is chosen
@@ -236,12 +253,11 @@ class Int4Linear(QuantLinear):
 class Fp8Linear(QuantLinear):
     """W ~= e4m3(W / s) * s per output row (s fp32 [N] = max|W_row| / 448); activations scaled per row."""
 
+    label = "fp8"
+
     def __init__(self, linear: nn.Linear, keep_weight: bool = False):
         super().__init__(linear, keep_weight)
-        w = linear.weight.detach().float()  # [N, K]
-        scale = w.abs().amax(dim=1).clamp_min(1e-30) / torch.finfo(torch.float8_e4m3fn).max  # [N]
-        self.register_buffer("qweight", (w / scale[:, None]).to(torch.float8_e4m3fn))
-        self.register_buffer("scale", scale)
+        self.store_rows(*fp8_rows(linear.weight.detach().float()))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N] bf16 (CUDA)
         fmax = torch.finfo(torch.float8_e4m3fn).max
@@ -353,6 +369,20 @@ def drafter_modules(drafter, target) -> list[nn.Module]:
     return out
 
 
+def quantization_of(roots: list[nn.Module], skip: nn.Module | None = None) -> str | None:
+    """The weight quantization the modules hold, read off their linears ("int8", "int4-g64", "fp8", several
+    joined by "+"; None: none); modules of `skip` (the target a head shares layers with) do not count."""
+    skipped = {id(m) for m in skip.modules()} if skip is not None else set()
+    modules = (m for root in roots for m in root.modules() if id(m) not in skipped)
+    return "+".join(sorted({m.label for m in modules if isinstance(m, QuantLinear)})) or None
+
+
+def draft_quantization(drafter, target) -> str | None:
+    """The drafter's precision, read off its own modules as they are (an int8 folder loads int8 linears,
+    quantize_draft swaps them): a fact of the modules, never an attribute written beside them."""
+    return quantization_of(drafter_modules(drafter, target), target.model) if drafter is not None else None
+
+
 def own_linears(drafter, target) -> tuple[list[nn.Module], dict[str, nn.Linear]]:
     """(the drafter's modules, their linears that do not share the target's weights) by name draft{i}.*"""
     target_params = {p.data_ptr() for p in target.model.parameters()}
@@ -383,7 +413,6 @@ def quantize_draft(drafter, target, spec: QuantSpec, draft: str = "", field: str
     for i, root in enumerate(roots):
         mine = {n: lin for n, lin in found.items() if n.split(".", 1)[0] == f"draft{i}"}
         replace_linears(root, f"draft{i}", mine, spec)
-    drafter.quantization = spec.label
     log.info("draft quantized: %s, %d linears", spec.label, len(found))
     if spec.mode == "fp8":
         log.info(GPU_ONLY_FP8)

@@ -81,10 +81,8 @@ def build_drafter(
         from draftsmith.runtime.drafters.registry import head_drafter
         from draftsmith.runtime.heads.int8_folder import load_draft_head  # an int8 folder loads as int8
 
-        head, options, quantization = load_draft_head(head_kind, arg, target)
-        drafter = head_drafter(head_kind.name, head, target, tree, options)
-        drafter.quantization = quantization  # TODO(composition): the drafter would own its precision
-        return drafter
+        head, options, _ = load_draft_head(head_kind, arg, target)
+        return head_drafter(head_kind.name, head, target, tree, options)
     raise BadInputError("--draft", spec, f"one of {', '.join(draft_specs())}")
 
 

@@ -17,6 +17,7 @@ from tiny_models import make_tiny_dir
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
+from draftsmith.runtime.core.quantize import draft_quantization
 from draftsmith.runtime.core.speculative import generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import build_drafter
@@ -178,7 +179,8 @@ def test_int8_export_and_plain_cards_state_precision(head_dir, target, tmp_path)
     assert config["quantization"]["method"] == "int8" and len(config["quantization"]["quantized"]) == 9
     meta, body = card(out)
     assert "int8" in meta["tags"] and "- precision: int8 weight-only: 9 linears" in body
-    assert build_drafter(f"eagle3:{out}", target, chain(2)).quantization == "int8"
+    drafter = build_drafter(f"eagle3:{out}", target, chain(2))
+    assert draft_quantization(drafter, target) == "int8"  # read off the linears the folder loads
     plain = tmp_path / "plain"
     assert export(head_dir, plain, "--format", "speculators") == 0
     meta, body = card(plain)
@@ -233,4 +235,5 @@ def test_medusa_int8_export_is_the_int8_folder(target, tmp_path):
         and "blocks.0.layers.0.weight" not in tensors
     )
     assert "- precision: int8 weight-only" in card(out)[1]
-    assert build_drafter(f"medusa:{out}", target, chain(2)).quantization == "int8"
+    drafter = build_drafter(f"medusa:{out}", target, chain(2))
+    assert draft_quantization(drafter, target) == "int8"  # read off the linears the folder loads

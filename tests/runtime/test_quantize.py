@@ -25,6 +25,7 @@ from draftsmith.runtime.core.quantize import (
     Int8Linear,
     QuantSpec,
     check_device,
+    draft_quantization,
     parse_quantize,
     quantize_draft,
     quantize_target,
@@ -215,8 +216,10 @@ def test_quantize_draft_leaves_the_target_alone():
     before = {n: p.clone() for n, p in target.model.named_parameters()}
     head = MtpHead(MtpConfig.for_target(target, num_modules=1)).eval()
     drafter = mtp_drafter(head, target, chain(1))
+    assert draft_quantization(drafter, target) is None  # fp32 linears: nothing to report
     used = quantize_draft(drafter, target, parse_quantize("int4"))
     assert used.group_size == 64  # 128 does not divide the tiny model's 64 inputs: the largest that does
+    assert draft_quantization(drafter, target) == used.label == "int4-g64"  # read off the swapped linears
     assert any(isinstance(m, Int4Linear) for m in head.modules())
     assert all(type(m) is torch.nn.Linear for m in target.model.modules() if isinstance(m, torch.nn.Linear))
     assert all(torch.equal(before[n], p) for n, p in target.model.named_parameters())
