@@ -153,34 +153,20 @@ class Speculator:
         """Forget the acceptance learned so far (a new temperature or batch-size block of a bench)."""
         self.policies.clear()
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        params: SamplingParams,
-        max_new_tokens: int = 128,
-        seed: int = 0,
-        batch_size: int = 1,
-        progress: bool = False,
-        sync_timing: bool = False,
-    ) -> list[GenerationResult]:
-        """Decode every prompt (token ids), `batch_size` rows at a time; a drafter process never outlives an
-        error here."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, **run) -> list[GenerationResult]:
+        """Decode every prompt (token ids) with `run` as generate_plain / generate_speculative take it
+        (max_new_tokens, seed, batch_size, progress; sync_timing with a drafter); a drafter process never
+        outlives an error here."""
         from draftsmith.runtime.core.engine import generate_plain
         from draftsmith.runtime.core.speculative import generate_speculative
 
-        run = (max_new_tokens, seed, batch_size, progress)
         if self.drafter is None:
-            return generate_plain(self.target, prompts, params, *run, static=self.static)
+            run.pop("sync_timing", None)  # plain decoding has no draft/verify split to time
+            return generate_plain(self.target, prompts, params, static=self.static, **run)
+        policy = self.policy(run.get("batch_size", 1))
         try:
             return generate_speculative(
-                self.target,
-                self.drafter,
-                prompts,
-                params,
-                *run,
-                policy=self.policy(batch_size),
-                static=self.static,
-                sync_timing=sync_timing,
+                self.target, self.drafter, prompts, params, policy=policy, static=self.static, **run
             )
         except BaseException:
             self.abort()

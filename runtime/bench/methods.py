@@ -72,9 +72,8 @@ class DraftsmithMethod(Method):
 
     def run(self, prompts, params, max_new_tokens, seed) -> BatchOutput:
         batch = len(prompts)
-        results = self.speculator.generate(
-            prompts, params, max_new_tokens, seed, batch, sync_timing=self.sync_timing
-        )
+        run = dict(max_new_tokens=max_new_tokens, seed=seed, batch_size=batch, sync_timing=self.sync_timing)
+        results = self.speculator.generate(prompts, params, **run)
         spec, timing = None, {}
         if self.drafter is not None:
             from draftsmith.runtime.bench.cycle_fields import batch_timing

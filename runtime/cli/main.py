@@ -136,8 +136,8 @@ def run_generate(args: argparse.Namespace) -> None:
     cfg.batch_sizes = sorted({min(args.batch_size, len(prompt_ids)), 1})  # auto:K's cost curve
     speculator = build_speculator(target, cfg)
     start = time.perf_counter()
-    run = (args.max_new_tokens, args.seed, args.batch_size)
-    results = speculator.generate(prompt_ids, params, *run, progress=not args.json)
+    run = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)
+    results = speculator.generate(prompt_ids, params, **run, progress=not args.json)
     wall = time.perf_counter() - start
     if (policy := speculator.policies.get(args.batch_size)) is not None:
         log.info("load-aware depth counts (0..%d): %s", speculator.max_depth, policy.depth_counts)

@@ -45,20 +45,20 @@ def test_speculators_decode_as_plain_decoding(tiny_target):
     greedy = SamplingParams()
     plain = build_speculator(tiny_target, SpecConfig().validate())
     assert plain.drafter is None and plain.policy(1) is None
-    want = [r.token_ids for r in plain.generate(PROMPTS, greedy, 12, batch_size=2)]
+    want = [r.token_ids for r in plain.generate(PROMPTS, greedy, max_new_tokens=12, batch_size=2)]
     for cfg in (
         SpecConfig("ngram", "chain:2"),
         SpecConfig("self:layers=1", "auto:2", batch_sizes=[1, 2]),
         SpecConfig("self:layers=1", "chain:2", ssd=True, ssd_fanout=4),
     ):
         speculator = build_speculator(tiny_target, cfg.validate())
-        got = speculator.generate(PROMPTS, greedy, 12, batch_size=2)
+        got = speculator.generate(PROMPTS, greedy, max_new_tokens=12, batch_size=2)
         assert [r.token_ids for r in got] == want, cfg
         metrics = speculator.finish()
         assert (len(metrics) == 1 and len(speculator.trace) > 0) if cfg.ssd else metrics == [], cfg
     assert speculator.max_depth is None
     auto = build_speculator(tiny_target, SpecConfig("self:layers=1", "auto:2", batch_sizes=[1, 2]))
-    auto.generate(PROMPTS, greedy, 12, batch_size=2)
+    auto.generate(PROMPTS, greedy, max_new_tokens=12, batch_size=2)
     assert auto.max_depth == 2 and sum(auto.policies[2].depth_counts) > 0  # one policy per batch size
     auto.reset()
     assert auto.policies == {}
