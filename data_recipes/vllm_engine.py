@@ -39,6 +39,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.runtime.core.forwarding import forwarded
 from draftsmith.runtime.errors import BadInputError, DraftsmithError
 from draftsmith.runtime.workers.worker_process import start_worker, stop_worker, worker_env
 
@@ -233,13 +234,8 @@ class TargetView:
 
         return context_limit(self.config)
 
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
+    num_layers = forwarded("config.num_hidden_layers")  # not a field: no annotation
+    hidden_size = forwarded("config.hidden_size")
 
     @classmethod
     def load(cls, spec: str, dtype: str = "float32") -> TargetView:

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from types import MappingProxyType
 
 import torch
 
 from draftsmith.runtime.bench.llamacpp_method import is_llamacpp_method
 from draftsmith.runtime.bench.types import BASELINE_KINDS, BatchOutput, Method, SpecCounters, is_baseline
+from draftsmith.runtime.core.forwarding import forwarded
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.speculator import SpecConfig, Speculator, build_speculator
 
@@ -55,17 +57,9 @@ class DraftsmithMethod(Method):
     def __init__(self, spec: str, speculator: Speculator):
         self.name, self.speculator = spec, speculator
 
-    @property
-    def drafter(self):
-        return self.speculator.drafter
-
-    @property
-    def static(self) -> bool:
-        return self.speculator.static
-
-    @property
-    def policies(self) -> dict:
-        return self.speculator.policies
+    drafter = forwarded("speculator.drafter")
+    static = forwarded("speculator.static")
+    policies = forwarded("speculator.policies")
 
     def reset(self) -> None:
         self.speculator.reset()
@@ -145,17 +139,10 @@ class TorchLinearsMethod(Method):
         self.name, self.inner, self.target = name, inner, target
         self.max_batch, self.facts = inner.max_batch, {"cpu_linears": "torch"}
 
-    @property
-    def speculator(self) -> Speculator | None:
-        return getattr(self.inner, "speculator", None)
-
-    @property
-    def policies(self) -> dict:
-        return getattr(self.inner, "policies", {})
-
-    @property
-    def drafter(self):
-        return getattr(self.inner, "drafter", None)
+    # the inner method's, where it is a draftsmith method (plain rows have none)
+    speculator = forwarded("inner.speculator", default=None)
+    policies = forwarded("inner.policies", default=MappingProxyType({}))  # shared: read-only
+    drafter = forwarded("inner.drafter", default=None)
 
     def unsupported(self, batch: int, params) -> str | None:
         return self.inner.unsupported(batch, params)

@@ -28,6 +28,7 @@ import torch
 from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_names, weights_hash_of_tensors
 from draftsmith.runtime.core.block_fp8 import block_fp8_of, load_block_fp8_model, split_load_error
 from draftsmith.runtime.core.families import family_of, find_family
+from draftsmith.runtime.core.forwarding import forwarded
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.layer_inputs import layer_masks, layer_ropes, needs_mask
 from draftsmith.runtime.core.masks import attention_mask, is_plain_causal
@@ -86,21 +87,10 @@ class TargetPieces:
     model's), `model` (with `lm_head`), `decoder` (with `embed_tokens` and `norm`), `family`
     (runtime/core/families.py) and `softcap` (its final logit soft-cap, or None)."""
 
-    @property
-    def device(self) -> torch.device:
-        return self.decoder.embed_tokens.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.decoder.embed_tokens.weight.dtype
-
-    @property
-    def num_layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
+    device = forwarded("decoder.embed_tokens.weight.device")  # torch.device
+    dtype = forwarded("decoder.embed_tokens.weight.dtype")  # torch.dtype
+    num_layers = forwarded("config.num_hidden_layers")
+    hidden_size = forwarded("config.hidden_size")
 
     @property
     def vocab_size(self) -> int:

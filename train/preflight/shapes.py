@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftsmith.runtime.core.families import family_of
+from draftsmith.runtime.core.forwarding import forwarded
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.train.preflight.families import TargetArch, meta_model
 
@@ -137,26 +138,12 @@ class TargetShapes:
             arch=TargetArch.of(model, config),
         )
 
-    # the dims the formulas read
-    @property
-    def hidden(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def intermediate(self) -> int:
-        return self.config.intermediate_size
-
-    @property
-    def layers(self) -> int:
-        return self.config.num_hidden_layers
-
-    @property
-    def vocab(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def heads(self) -> int:
-        return self.config.num_attention_heads
+    # the dims the formulas read (properties, not dataclass fields: they carry no annotation)
+    hidden = forwarded("config.hidden_size")
+    intermediate = forwarded("config.intermediate_size")
+    layers = forwarded("config.num_hidden_layers")
+    vocab = forwarded("config.vocab_size")
+    heads = forwarded("config.num_attention_heads")
 
     @property
     def kv_heads(self) -> int:
