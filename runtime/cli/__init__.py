@@ -2,6 +2,6 @@
 
 `main` (the console script: one verb per job; `python -m draftsmith.runtime.cli`), `args` (shared
 argparse pieces), `bench`, `data`, `export` (the verbs' flags; the work lives elsewhere), `ssd` (generate's
---ssd and --draft-process flags), `demo`
+--ssd and --draft-process flags), `verb_texts` (each verb's summary and description for --help), `demo`
 (`draftsmith demo`: data -> train -> head -> bench -> export).
 """

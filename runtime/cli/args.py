@@ -12,6 +12,31 @@ class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionH
     pass
 
 
+def add_verb(
+    sub, name: str, help: str, description: str | None = None, run=None, groups=()
+) -> argparse.ArgumentParser:
+    """One verb (or `data` step) of `sub`, shown with our help formatter: `run(args)` does its work, and
+    each of `groups` (`add_x(p)`) adds its options, in the order its help lists them."""
+    p = sub.add_parser(name, help=help, formatter_class=Formatter, description=description)
+    if run is not None:
+        p.set_defaults(run=run)
+    for add_group in groups:
+        add_group(p)
+    return p
+
+
+def add_config_args(p: argparse.ArgumentParser, config_help: str, example: str) -> None:
+    """--config and the `key=value` overrides of a verb driven by a YAML config (main.py `parse_args` takes
+    the overrides anywhere on the line)."""
+    p.add_argument("--config", help=config_help)
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help=f"config overrides, anywhere on the line, e.g. {example}",
+    )
+
+
 def declare_outputs(
     p: argparse.ArgumentParser, dirs: tuple[str, ...] = (), files: tuple[str, ...] = ()
 ) -> None:
@@ -34,6 +59,21 @@ def check_outputs(args: argparse.Namespace) -> None:
 def declare_needs(p: argparse.ArgumentParser, *rules) -> None:
     """Options of `p` that act only in one mode (runtime/errors.py `Needs`), added to its table."""
     p.set_defaults(needs=[*(p.get_default("needs") or []), *rules])
+
+
+def add_mode_options(p: argparse.ArgumentParser, mode: str, is_on, options: dict[str, dict]) -> None:
+    """`options` (flag -> add_argument keywords, in help order), each acting only in `mode` (`is_on(args)`
+    tells whether the line asked for it): given without it, the line is refused (exit 2) before any work."""
+    for flag, kwargs in options.items():
+        p.add_argument(flag, **kwargs)
+    declare_needs(p, *(flag_needs(flag, mode, is_on) for flag in options))
+
+
+def add_switch(p: argparse.ArgumentParser, switch: str, help: str, options: dict[str, dict]) -> None:
+    """An on/off `switch` and the `options` that act only when it is on (`add_mode_options`)."""
+    p.add_argument(switch, action="store_true", help=help)
+    dest = switch.lstrip("-").replace("-", "_")
+    add_mode_options(p, switch, lambda args: getattr(args, dest), options)
 
 
 def check_parsed(args: argparse.Namespace) -> None:
@@ -74,6 +114,13 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16")
+
+
+def add_target_runtime_args(p: argparse.ArgumentParser) -> None:
+    """How a loaded target runs (generate, bench): its masked attention, its CPU linears, quantization."""
+    add_attention_arg(p)
+    add_cpu_linears_arg(p)
+    add_quantize_args(p)
 
 
 def add_attention_arg(p: argparse.ArgumentParser) -> None:

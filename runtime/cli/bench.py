@@ -6,12 +6,11 @@ import argparse
 import shlex
 
 from draftsmith.runtime.bench.types import BASELINE_KINDS, is_baseline
+from draftsmith.runtime.cli import verb_texts
 from draftsmith.runtime.cli.args import (
-    Formatter,
-    add_attention_arg,
-    add_cpu_linears_arg,
-    add_quantize_args,
     add_target_args,
+    add_target_runtime_args,
+    add_verb,
     declare_needs,
     declare_outputs,
     int_arg,
@@ -41,55 +40,11 @@ def check_baselines(names: list[str]) -> list[str]:
     return names
 
 
-BENCH_DESCRIPTION = (
-    "Decode the same prompts with plain decoding, the baselines and every --draft (combined with\n"
-    "every --tree), per temperature and batch size: warm-up first, methods interleaved per batch,\n"
-    "repeats with medians. Prints a table per block and writes OUT/results.json (one row per\n"
-    "method, temperature and batch size: tokens/s, speedup over plain, tau, acceptance per\n"
-    "position, TTFT/TPOT, greedy_identical at T=0), OUT/meta.json (command, versions, machine,\n"
-    "roofline), OUT/report.md and PNG plots.\n\n"
-    "Tree auto:K is load-aware speculation: the engine measures its verify-cost curve at start-up\n"
-    "and drafts a chain of depth 0..K per cycle, whichever gives the most expected tokens per\n"
-    "second for the acceptance it observes (0 = a plain step), so speculation never costs much\n"
-    "more than plain decoding even where verification is compute-bound.\n\n"
-    "examples:\n"
-    "  draftsmith bench --draft ngram --prompts humaneval --num-prompts 20\n"
-    "  draftsmith bench --draft eagle3:runs/eagle3-smollm2-135m/final --tree chain:2 \\\n"
-    "      --tree auto:3 \\\n"
-    "      --prompts sharegpt --temperatures 0,1 --batch-sizes 1,4,16\n"
-    "  draftsmith bench --draft 'self:layers=20@chain:2' --prompts mtbench:question.jsonl \\\n"
-    "      --categories coding,math --baselines plain,hf,vllm\n"
-    "  draftsmith bench --draft eagle3:HEAD --baselines plain,vllm,vllm-eagle3:HEAD@chain:2\n"
-    "  draftsmith bench --draft ngram --baselines plain,llamacpp,llamacpp-lookup --batch-sizes 1\n"
-    "  draftsmith bench --device cuda --baselines plain,plain+graphs \\\n"
-    "      --draft 'eagle3:HEAD@chain:3+graphs'\n\n"
-    "A +graphs suffix runs plain or DRAFT@TREE on the GPU engine path (static KV cache,\n"
-    "CUDA graphs). llamacpp[:GGUF] runs llama.cpp (bash scripts/setup_llamacpp.sh) on the GGUF the\n"
-    "target came from, or on GGUF; rows name its precision (weights: Q4_1, Q8_0, F32).\n"
-    "A +ssd[:F] suffix (DRAFT@chain:K+ssd:8) runs the draft through SSD in process\n"
-    "(generate --ssd).\n"
-    "Speculative rows carry draft and verify ms per cycle (mean), the draft share of wall time, and\n"
-    "for +ssd the hit rate per accepted length, draft latency hidden and target idle time."
-)
-
-
 def add_bench(sub) -> None:
-    p = sub.add_parser(
-        "bench",
-        help="speed of drafts side by side with plain decoding, transformers and vLLM",
-        formatter_class=Formatter,
-        description=BENCH_DESCRIPTION,
-    )
-    add_target_args(p)
-    add_attention_arg(p)
-    add_cpu_linears_arg(p)
-    add_quantize_args(p)
-    add_method_args(p)
-    add_workload_args(p)
-    add_output_args(p)
+    groups = (add_target_args, add_target_runtime_args, add_method_args, add_workload_args, add_output_args)
+    p = add_verb(sub, "bench", *verb_texts.BENCH, run=run_bench_cli, groups=groups)
     declare_outputs(p, dirs=("--out",))
     declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)))
-    p.set_defaults(run=run_bench_cli)
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:

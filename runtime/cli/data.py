@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 
+from draftsmith.runtime.cli import verb_texts
 from draftsmith.runtime.cli.args import (
-    Formatter,
+    add_mode_options,
     add_target_args,
+    add_verb,
     declare_needs,
     declare_outputs,
     finite_float_arg,
@@ -18,35 +20,9 @@ from draftsmith.runtime.cli.args import (
 )
 from draftsmith.runtime.errors import flag_needs
 
-DATA_DESCRIPTION = (
-    "Data recipes for head training. Each step writes a folder with a draftsmith_data.json record\n"
-    "(inputs hash, target/tokenizer/template hashes, summary of kept and dropped rows); re-running\n"
-    "a step with the same inputs is a no-op, a killed step resumes. regenerate and capture take\n"
-    "--num-shards N --shard-index K (one process or machine per part; the parts read as one). Under\n"
-    "torchrun they take --target-placement tp --tp-size N: the target split over N processes, each\n"
-    'group of N making one part (README, "Targets larger than one GPU"). regenerate and capture run\n'
-    "on --engine auto: vLLM where it is measured faster (regenerate on a CPU-only machine) and a\n"
-    "Python with vLLM is found, else draftsmith's engine; the log names the engine and why.\n\n"
-    "examples:\n"
-    "  draftsmith data prepare --source sharegpt --out data/sg --max-samples 1000 --max-length 1024\n"
-    "  draftsmith data regenerate --data data/sg --out data/sg-regen --batch-size 8\n"
-    "  draftsmith data capture --data data/sg-regen --out data/sg-hidden --dtype bfloat16\n"
-    "  draftsmith data capture --data data/sg-regen --out data/sg-h --num-shards 4 --shard-index 0\n"
-    "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data capture --target-placement tp \\\n"
-    "      --tp-size 8 --target meta-llama/Llama-3.3-70B-Instruct --data data/sg-regen --out data/h\n"
-    "  torchrun --nproc-per-node 8 -m draftsmith.runtime.cli data regenerate --target T \\\n"
-    "      --target-placement tp --tp-size 4 --data data/sg --out data/sg-regen  # 2 parts\n"
-    "  draftsmith data vocab --data data/sg-regen --draft-vocab-size 8192 --out data/sg-vocab"
-)
-
 
 def add_data(sub) -> None:
-    p = sub.add_parser(
-        "data",
-        help="turn conversations into training data for a target: prepare, regenerate, capture, vocab",
-        formatter_class=Formatter,
-        description=DATA_DESCRIPTION,
-    )
+    p = add_verb(sub, "data", *verb_texts.DATA)
     steps = p.add_subparsers(dest="step", required=True, metavar="STEP")
     add_prepare(steps)
     add_regenerate(steps)
@@ -54,14 +30,19 @@ def add_data(sub) -> None:
     add_vocab(steps)
 
 
+def add_step(steps, name: str, help: str, target: bool = True) -> argparse.ArgumentParser:
+    """One `data` step: its parser, the target's flags first (unless it loads no target), and --out
+    declared as the folder it writes (checked before the step starts)."""
+    p = add_verb(steps, name, help, run=_run_data(name))
+    if target:
+        add_target_args(p)
+    declare_outputs(p, dirs=("--out",))
+    return p
+
+
 def add_prepare(steps) -> None:
     """`data prepare`: conversations -> token ids and loss masks."""
-    prep = steps.add_parser(
-        "prepare",
-        help="conversations -> chat-templated token ids + assistant-only loss masks",
-        formatter_class=Formatter,
-    )
-    add_target_args(prep)
+    prep = add_step(steps, "prepare", "conversations -> chat-templated token ids + assistant-only loss masks")
     prep.add_argument(
         "--source",
         required=True,
@@ -83,18 +64,13 @@ def add_prepare(steps) -> None:
     prep.add_argument(
         "--fail-on-clip", action="store_true", help="error instead of clipping an over-long row"
     )
-    declare_outputs(prep, dirs=("--out",))  # checked before the step starts
-    prep.set_defaults(run=_run_data("prepare"))
 
 
 def add_regenerate(steps) -> None:
     """`data regenerate`: the target's own answers in place of the assistant turns."""
-    regen = steps.add_parser(
-        "regenerate",
-        help="replace assistant turns with the target's own answers (self-distillation)",
-        formatter_class=Formatter,
+    regen = add_step(
+        steps, "regenerate", "replace assistant turns with the target's own answers (self-distillation)"
     )
-    add_target_args(regen)
     regen.add_argument("--data", required=True, help="a prepared folder")
     regen.add_argument("--out", required=True, help="output folder (same format as prepare's)")
     regen.add_argument("--temperature", type=finite_float_arg("--temperature"), default=0.0)
@@ -108,19 +84,15 @@ def add_regenerate(steps) -> None:
     add_shard_args(regen, "conversations")
     add_placement_args(regen)
     add_engine_args(regen)
-    declare_outputs(regen, dirs=("--out",))  # checked before the step starts
-    regen.set_defaults(run=_run_data("regenerate"))
 
 
 def add_capture(steps) -> None:
     """`data capture`: the target's hidden states per token."""
-    cap = steps.add_parser(
-        "capture",
-        help="store the target's aux and final (pre-norm) hidden states per token: shard-NNNNN.safetensors "
-        "with input_ids, loss_mask, aux_hidden [N, A*H], last_hidden [N, H], offsets",
-        formatter_class=Formatter,
+    about = (
+        "store the target's aux and final (pre-norm) hidden states per token: shard-NNNNN.safetensors with "
+        "input_ids, loss_mask, aux_hidden [N, A*H], last_hidden [N, H], offsets"
     )
-    add_target_args(cap)
+    cap = add_step(steps, "capture", about)
     cap.add_argument("--data", required=True, help="a prepared or regenerated folder")
     cap.add_argument("--out", required=True, help="output folder of safetensors shards + record")
     cap.add_argument(
@@ -135,8 +107,20 @@ def add_capture(steps) -> None:
     add_shard_args(cap, "rows (about equal tokens)")
     add_placement_args(cap)
     add_engine_args(cap)
-    declare_outputs(cap, dirs=("--out",))  # checked before the step starts
-    cap.set_defaults(run=_run_data("capture"))
+
+
+FP8_OPTIONS = {  # what fp8 storage keeps wider
+    "--fp8-last-hidden": dict(
+        action="store_true",
+        help="with --storage-dtype fp8: store the last hidden state (the target's logits) in fp8 too",
+    ),
+    "--fp8-bf16-layers": dict(
+        default=None,
+        metavar="IDS",
+        help="with --storage-dtype fp8: aux layer ids (of --aux-layers) kept in bfloat16, e.g. 1: the "
+        "shallowest aux layer loses the most to fp8 (+0.6x its bytes, BENCHMARKS.md)",
+    ),
+}
 
 
 def add_storage_args(p: argparse.ArgumentParser) -> None:
@@ -147,36 +131,17 @@ def add_storage_args(p: argparse.ArgumentParser) -> None:
         help="bfloat16, float16, float32, or fp8: the aux states as float8_e4m3fn with per-token scales "
         "(about 0.6x the bytes of bfloat16; the last hidden state stays bfloat16)",
     )
-    p.add_argument(
-        "--fp8-last-hidden",
-        action="store_true",
-        help="with --storage-dtype fp8: store the last hidden state (the target's logits) in fp8 too",
-    )
-    p.add_argument(
-        "--fp8-bf16-layers",
-        default=None,
-        metavar="IDS",
-        help="with --storage-dtype fp8: aux layer ids (of --aux-layers) kept in bfloat16, e.g. 1: the "
-        "shallowest aux layer loses the most to fp8 (+0.6x its bytes, BENCHMARKS.md)",
-    )
-    fp8_flags = ("--fp8-last-hidden", "--fp8-bf16-layers")
-    declare_needs(
-        p, *(flag_needs(f, "--storage-dtype fp8", lambda a: a.storage_dtype == "fp8") for f in fp8_flags)
-    )
+    add_mode_options(p, "--storage-dtype fp8", lambda a: a.storage_dtype == "fp8", FP8_OPTIONS)
 
 
 def add_vocab(steps) -> None:
     """`data vocab`: the draft-vocabulary map."""
-    voc = steps.add_parser(
-        "vocab",
-        help="draft-vocabulary map (d2t offsets, t2d mask) from supervised tokens",
-        formatter_class=Formatter,
+    voc = add_step(
+        steps, "vocab", "draft-vocabulary map (d2t offsets, t2d mask) from supervised tokens", target=False
     )
     voc.add_argument("--data", required=True, help="a prepared or regenerated folder")
     voc.add_argument("--draft-vocab-size", type=int_arg("--draft-vocab-size"), required=True)
     voc.add_argument("--out", required=True, help="output folder (draft_vocab.safetensors + record)")
-    declare_outputs(voc, dirs=("--out",))  # checked before the step starts
-    voc.set_defaults(run=_run_data("vocab"))
 
 
 def add_shard_args(p: argparse.ArgumentParser, unit: str) -> None:

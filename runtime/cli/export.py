@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from draftsmith.runtime.cli.args import Formatter, declare_needs, declare_outputs
+from draftsmith.runtime.cli.args import add_verb, declare_needs, declare_outputs
 from draftsmith.runtime.errors import flag_needs
 
 INTRO = (
@@ -55,12 +55,9 @@ def lazy_formats(parser: argparse.ArgumentParser) -> None:
 
 
 def add_export(sub) -> None:
-    p = sub.add_parser(
-        "export",
-        help="write a trained head in an engine's layout (with a model card); push it to the Hub",
-        formatter_class=Formatter,
-        description=INTRO + "\n\n{formats}\n\n" + EXAMPLES,  # formats: from the registry, when printed
-    )
+    about = "write a trained head in an engine's layout (with a model card); push it to the Hub"
+    description = INTRO + "\n\n{formats}\n\n" + EXAMPLES  # formats: from the registry, when printed
+    p = add_verb(sub, "export", about, description, run=run_export)
     lazy_formats(p)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a head folder or a run folder (uses final/)")
     p.add_argument(
@@ -72,7 +69,6 @@ def add_export(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
     add_hub_args(p)
     declare_outputs(p, dirs=("--out",))
-    p.set_defaults(run=run_export)
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:

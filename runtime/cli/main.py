@@ -16,13 +16,14 @@ import os
 import sys
 import time
 
+from draftsmith.runtime.cli import verb_texts
 from draftsmith.runtime.cli.args import (
     Formatter,
-    add_attention_arg,
-    add_cpu_linears_arg,
+    add_config_args,
     add_draft_arg,
-    add_quantize_args,
     add_target_args,
+    add_target_runtime_args,
+    add_verb,
     check_parsed,
     declare_needs,
     declare_outputs,
@@ -44,29 +45,9 @@ TREE_HELP = (
 )
 
 
-GENERATE_DESCRIPTION = (
-    "Generate from the target. Prompts are chat-templated unless --no-chat.\n\n"
-    "examples:\n"
-    '  draftsmith generate --prompt "Why is the sky blue?"\n'
-    "  draftsmith generate --prompts prompts.txt --batch-size 8 --json > out.jsonl\n"
-    '  draftsmith generate --prompt "Tell a story" --temperature 0.8 --top-p 0.95 --seed 1\n\n'
-    "--json prints one object per prompt (JSON Lines) with prompt_token_ids, token_ids (new tokens\n"
-    "only), text, new_tokens, finish_reason, target_forwards, mean_accepted (tau),\n"
-    "accept_rate_per_position, wall_s and tokens_per_s."
-)
-
-
 def add_generate(sub) -> None:
-    p = sub.add_parser(
-        "generate",
-        help="generate text with the target (plain or speculative decoding)",
-        formatter_class=Formatter,
-        description=GENERATE_DESCRIPTION,
-    )
-    add_target_args(p)
-    add_speculation_args(p)
-    add_decoding_args(p)
-    add_prompt_args(p)
+    groups = (add_target_args, add_speculation_args, add_decoding_args, add_prompt_args)
+    p = add_verb(sub, "generate", *verb_texts.GENERATE, run=run_generate, groups=groups)
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
@@ -74,13 +55,10 @@ def add_generate(sub) -> None:
         "the target's verification and the drafter's steps (on a CPU the same static path runs without "
         "graphs)",
     )
-    add_attention_arg(p)
-    add_cpu_linears_arg(p)
-    add_quantize_args(p)
+    add_target_runtime_args(p)  # --attention, --cpu-linears, --quantize and its options (cli/args.py)
     add_ssd_args(p)  # runtime/cli/ssd.py
     declare_outputs(p, files=("--ssd-trace",))
     declare_needs(p, flag_needs("--tree", "--draft", lambda a: a.draft != "none"))
-    p.set_defaults(run=run_generate)
 
 
 def add_speculation_args(p: argparse.ArgumentParser) -> None:
@@ -232,44 +210,11 @@ def result_row(target, prompt: str, res) -> dict:
     }
 
 
-DEMO_DESCRIPTION = (
-    "Decode held-out prompts with plain decoding, transformers generate(), prompt lookup and an\n"
-    "EAGLE-3 head (chain and dynamic tree) side by side (warmed up, interleaved), check greedy\n"
-    "tokens against plain decoding and print tokens/s, speedup, tau and acceptance per position;\n"
-    "then export the head (export_formats: the SGLang and speculators layouts) with model cards\n"
-    "quoting those rows.\n"
-    "The head: the one shipped in heads/eagle3-smollm2-135m (trained by the shipped recipe; its\n"
-    "README names the command, commit and machine), `head=DIR` for another, or with --train a new\n"
-    "one: data + `draftsmith train` with configs/eagle3-smollm2-135m.yaml first (a finished run is\n"
-    "reused, an interrupted one resumes; the expected time is printed before it starts).\n"
-    "Writes OUT/results.json, OUT/config.yaml and OUT/export-FORMAT/ (OUT = out_dir, default\n"
-    "runs/demo).\n\n"
-    "examples:\n"
-    "  draftsmith demo                     # the shipped head: bench + export in minutes\n"
-    "  draftsmith demo --train             # train the recipe's head first (~1 h on 2 cores)\n"
-    "  draftsmith demo --quick             # a 40-step head, 4 prompts: the whole pipeline, minutes\n"
-    "  draftsmith demo prompt_set=humaneval num_prompts=20\n"
-    "  draftsmith demo --train 'train_overrides=[train.max_steps=200]'"
-)
-
-
 def add_demo(sub) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="the main job on embedded defaults: the shipped EAGLE-3 head -> bench -> export",
-        formatter_class=Formatter,
-        description=DEMO_DESCRIPTION,
-    )
-    p.add_argument("--config", help="YAML demo config (default: the packaged demo-smollm2-135m.yaml)")
+    p = add_verb(sub, "demo", *verb_texts.DEMO, run=run_demo)
+    add_config_args(p, "YAML demo config (default: the packaged demo-smollm2-135m.yaml)", "num_prompts=20")
     p.add_argument("--quick", action="store_true", help="a 40-step head and 4 prompts x 32 tokens")
     p.add_argument("--train", action="store_true", help="train a new head (train_config) instead of `head`")
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="config overrides, anywhere on the line, e.g. num_prompts=20",
-    )
-    p.set_defaults(run=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> None:
@@ -278,36 +223,9 @@ def run_demo(args: argparse.Namespace) -> None:
     demo_main(args.config, args.overrides, quick=args.quick, train=args.train)
 
 
-TRAIN_DESCRIPTION = (
-    "Train an EAGLE-3 head or MTP modules (head.type) for a target, MTP with the target frozen or\n"
-    "co-trained (cotrain.enabled, LoRA or full). The config names the target, the data recipe, the\n"
-    "head and the loop; the data steps it needs (prepare, vocab, capture in offline mode) run first\n"
-    "or are reused from ~/.cache/draftsmith/data. A run writes OUT/metrics.jsonl, OUT/config.yaml,\n"
-    "OUT/checkpoints/step-N/ (atomic, rotated; a rerun resumes from the newest), OUT/final/ (the\n"
-    "head: --draft eagle3:OUT/final or mtp:OUT/final; a co-trained target in OUT/final/target) and\n"
-    "OUT/training_curve.png (OUT = output_dir).\n"
-    "Several processes (configs: ddp-cpu, ddp-gpu, fsdp-gpu, deepspeed-zero2, deepspeed-zero3):\n"
-    "  accelerate launch --config_file configs/accelerate/X.yaml -m draftsmith.train --config ...\n\n"
-    "examples:\n"
-    "  draftsmith train --config configs/eagle3-smollm2-135m.yaml\n"
-    "  draftsmith train --config configs/mtp-cotrain-lora-smollm2-135m.yaml\n"
-    "  draftsmith train --config configs/eagle3-smollm2-135m.yaml train.max_steps=20 \\\n"
-    "      data.max_samples=64 output_dir=runs/smoke log.tracker=wandb\n"
-    "  draftsmith train --preflight --config configs/eagle3-smollm2-135m.yaml \\\n"
-    "      target=meta-llama/Llama-3.3-70B-Instruct data.max_length=4096 --world-size 8\n\n"
-    "A run first estimates its memory per rank from the target's config.json (train/preflight/estimate.py),\n"
-    "prints it and refuses (exit 2) what exceeds the device: train.preflight=warn tries anyway."
-)
-
-
 def add_train(sub) -> None:
-    p = sub.add_parser(
-        "train",
-        help="train a draft head from a YAML config (data steps included, resumable)",
-        formatter_class=Formatter,
-        description=TRAIN_DESCRIPTION,
-    )
-    p.add_argument("--config", help="YAML train config, e.g. configs/eagle3-smollm2-135m.yaml")
+    p = add_verb(sub, "train", *verb_texts.TRAIN, run=run_train)
+    add_config_args(p, "YAML train config, e.g. configs/eagle3-smollm2-135m.yaml", "train.lr=1e-4")
     p.add_argument(
         "--preflight",
         action="store_true",
@@ -319,14 +237,7 @@ def add_train(sub) -> None:
         type=int_arg("--world-size"),
         help="--preflight: ranks to estimate for (default: WORLD_SIZE, the GPUs here, else 8)",
     )
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="config overrides, anywhere on the line, e.g. train.lr=1e-4",
-    )
     declare_needs(p, flag_needs("--world-size", "--preflight", lambda a: a.preflight))
-    p.set_defaults(run=run_train)
 
 
 def run_train(args: argparse.Namespace) -> None:

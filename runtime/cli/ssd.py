@@ -17,66 +17,55 @@ import argparse
 import json
 from pathlib import Path
 
-from draftsmith.runtime.cli.args import declare_needs, int_arg
-from draftsmith.runtime.errors import flag_needs
+from draftsmith.runtime.cli.args import add_switch, int_arg
 from draftsmith.runtime.speculator import DraftProcess, SpecConfig
 
 # --ssd-fanout and --ssd-saguaro when unset (their flags default to None: set without --ssd is refused)
 DEFAULT_FANOUT, DEFAULT_SAGUARO = SpecConfig.ssd_fanout, SpecConfig.ssd_saguaro
 
 
-def add_ssd_args(p: argparse.ArgumentParser) -> None:
-    """--ssd and its options, then the drafter process's flags."""
-    p.add_argument(
-        "--ssd",
-        action="store_true",
-        help="speculative speculative decoding: pre-draft the next cycle for the predicted outcomes of this "
-        "one (a chain --tree; ngram, self: or model: drafts)",
-    )
-    p.add_argument(
-        "--ssd-fanout",
+SSD_OPTIONS = {
+    "--ssd-fanout": dict(
         type=int_arg("--ssd-fanout"),
         default=None,
         help=f"with --ssd: outcomes pre-drafted per cycle, spread geometrically over accepted lengths 0..K "
         f"(>= K+1); unset: {DEFAULT_FANOUT}",
-    )
-    p.add_argument(
-        "--ssd-saguaro",
+    ),
+    "--ssd-saguaro": dict(
         type=float,
         default=None,
         help="with --ssd: draft-law adjustment in (0, 1]: the planned candidates' draft mass is scaled by it "
         "(sampled chains at temperature > 0), so rejections land on cached drafts; 1 = off (unset: 1)",
-    )
-    p.add_argument(
-        "--ssd-trace",
+    ),
+    "--ssd-trace": dict(
         help="with --ssd: write one JSON line per verified cycle (the replay simulator's input), after the "
         "rows are printed",
-    )
-    ssd = ("--ssd-fanout", "--ssd-saguaro", "--ssd-trace")
-    declare_needs(p, *(flag_needs(flag, "--ssd", lambda a: a.ssd) for flag in ssd))
-    add_draft_process_args(p)
-
-
-def add_draft_process_args(p: argparse.ArgumentParser) -> None:
-    """--draft-process and its options (runtime/drafters/draft_process.py)."""
-    p.add_argument(
-        "--draft-process",
-        action="store_true",
-        help="run the drafter in its own process (torch.distributed, gloo); with --ssd it pre-drafts while "
-        "the target verifies",
-    )
-    p.add_argument(
-        "--draft-device",
+    ),
+}
+DRAFT_PROCESS_OPTIONS = {  # runtime/drafters/draft_process.py
+    "--draft-device": dict(
         help="with --draft-process: the drafter process's device: cpu (default) or cuda[:INDEX]",
-    )
-    p.add_argument(
-        "--draft-fallback",
+    ),
+    "--draft-fallback": dict(
         action="store_true",
         help="with --draft-process: if the drafter process dies, continue with the drafter in process (else: "
         "an error)",
+    ),
+}
+
+
+def add_ssd_args(p: argparse.ArgumentParser) -> None:
+    """--ssd and its options, then --draft-process and its options (cli/args.py `add_switch`)."""
+    ssd_help = (
+        "speculative speculative decoding: pre-draft the next cycle for the predicted outcomes of this one "
+        "(a chain --tree; ngram, self: or model: drafts)"
     )
-    process = ("--draft-device", "--draft-fallback")
-    declare_needs(p, *(flag_needs(flag, "--draft-process", lambda a: a.draft_process) for flag in process))
+    add_switch(p, "--ssd", ssd_help, SSD_OPTIONS)
+    process_help = (
+        "run the drafter in its own process (torch.distributed, gloo); with --ssd it pre-drafts while the "
+        "target verifies"
+    )
+    add_switch(p, "--draft-process", process_help, DRAFT_PROCESS_OPTIONS)
 
 
 def ssd_fields(args) -> dict:
