@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from draftsmith.runtime.core.artifacts import (  # noqa: F401 (re-exported for the data steps)
@@ -55,12 +55,10 @@ class Summary:
         self.dropped[reason] += 1
 
     def as_dict(self) -> dict:
-        return {
-            "read": self.read,
-            "kept": self.kept,
-            "dropped": dict(self.dropped),
-            "notes": dict(self.notes),
-        }
+        """Every field in order, counters as plain dicts (not dataclasses.asdict: it rebuilds a Counter from
+        (key, value) pairs, counting the pairs)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: dict(v) if isinstance(v, Counter) else v for name, v in values.items()}
 
     def lines(self) -> list[str]:
         out = [f"read {self.read}, kept {self.kept}, dropped {sum(self.dropped.values())}"]

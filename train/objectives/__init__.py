@@ -12,6 +12,7 @@
   without a dense mask: causal + diagonal keys merged by log-sum-exp), `draft_losses` (its other losses,
   pure torch: reverse KL, JSD, TV = 1 - acceptance, LK hybrid), `eagle3_levers` (head.loss, the TTT
   schedule and step weights, feature noise), `eagle3_data` (online and offline batches);
+- `head_init`: what building a fresh head shares (the draft vocabulary's ids, the target's LM head and norm);
 - `mtp_objective`: MTP modules (distillation or data labels, per-module accuracy);
 - co-training the target: `cotrain` (LoRA / full, the drift report), `eagle3_cotrain` (EAGLE-3: L_next + w *
   L_eagle3 on the target's own features), `medusa2` (Medusa-2: lambda0's warmup, self-distillation).

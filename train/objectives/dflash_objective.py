@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 from draftsmith.runtime.heads.dflash import DFlashConfig, DFlashHead
 from draftsmith.train.objectives.eagle3_objective import TTTBatch, TTTOutput, target_distributions
+from draftsmith.train.objectives.head_init import finish_head
 from draftsmith.train.preflight.dflash_memory import dflash_terms
 
 
@@ -164,14 +165,7 @@ def build_head(cfg, target, aux_layers, vocab_dir=None) -> DFlashHead:
     head = DFlashKind.new_head(
         target, aux_layers, vocab or target.vocab_size, 0, False, section.head_options()
     )
-    if vocab is not None:
-        from draftsmith.data_recipes.vocab import load_draft_vocab
-
-        d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, vocab)
-        head.set_draft_vocab(d2t + torch.arange(len(d2t)))
-    if section.init_from_target:
-        head.init_from_target(target)
-    return head.float()
+    return finish_head(head, target, vocab, section.init_from_target, vocab_dir)
 
 
 class DFlashKind:

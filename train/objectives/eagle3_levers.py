@@ -19,7 +19,7 @@ the error of its own features at later steps; speculators' `--noise-std` default
 (the features are the raw aux hidden states) and applied in training forwards only, never in evaluation.
 
 `divergence_loss` applies a draft_losses loss to the counted rows of one TTT step, in chunks recomputed in
-backward, as the objective's soft cross-entropy does (train/objectives/eagle3_objective.py `soft_ce`).
+backward (`over_chunks`, which the objective's soft cross-entropy, eagle3_objective.py `soft_ce`, shares).
 """
 
 from __future__ import annotations
@@ -118,21 +118,28 @@ def _parts_chunk(name: str, head, probs: torch.Tensor, h: torch.Tensor, rows: to
     return parts.sum(0), (logits.argmax(-1) == target.argmax(-1)).sum()
 
 
+def over_chunks(fn, fixed: tuple, h: torch.Tensor, rows: torch.Tensor, chunk: int) -> tuple[list, list]:
+    """fn(*fixed, h part, rows part) -> (a, b) over `chunk` rows of h [n, H] at a time -> ([a], [b]); with
+    gradients each chunk is recomputed in backward instead of kept (its logits are the big tensor)."""
+    firsts, seconds = [], []
+    for start in range(0, max(len(h), 1), chunk):  # one (empty) chunk when n = 0 keeps the graph whole
+        part = (*fixed, h[start : start + chunk], rows[start : start + chunk])
+        if torch.is_grad_enabled():
+            a, b = checkpoint(fn, *part, use_reentrant=False)
+        else:
+            a, b = fn(*part)
+        firsts.append(a)
+        seconds.append(b)
+    return firsts, seconds
+
+
 def divergence_loss(
     name: str, head, h: torch.Tensor, rows: torch.Tensor, probs: torch.Tensor, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss `name` (train/objectives/draft_losses.py) averaged over the counted outputs h [n, H] against
     probs[rows], `chunk` rows at a time (each chunk's logits recomputed in backward) -> (scalar loss, argmax
     matches)."""
-    sums, corrects = [], []
-    for start in range(0, max(len(h), 1), chunk):  # one (empty) chunk when n = 0 keeps the graph whole
-        part = (name, head, probs, h[start : start + chunk], rows[start : start + chunk])
-        if torch.is_grad_enabled():
-            s, right = checkpoint(_parts_chunk, *part, use_reentrant=False)
-        else:
-            s, right = _parts_chunk(*part)
-        sums.append(s)
-        corrects.append(right)
+    sums, corrects = over_chunks(_parts_chunk, (name, head, probs), h, rows, chunk)
     means = torch.stack(sums).sum(0) / max(len(h), 1)  # [P]
     return combine(name, means), torch.stack(corrects).sum()
 

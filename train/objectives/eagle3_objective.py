@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Head
-from draftsmith.train.objectives.eagle3_levers import divergence_loss
+from draftsmith.train.objectives.eagle3_levers import divergence_loss, over_chunks
 from draftsmith.train.objectives.ttt_attention import ttt_attention
 
 ATTENTIONS = ("decomposed", "dense", "flex")  # flex: decomposed, its causal part on FlexAttention (CUDA)
@@ -231,15 +231,7 @@ def _soft_ce_chunk(head: Eagle3Head, probs: torch.Tensor, h: torch.Tensor, rows:
 def soft_ce(head: Eagle3Head, h: torch.Tensor, rows: torch.Tensor, probs: torch.Tensor, chunk: int):
     """Soft cross-entropy summed over the counted outputs h [n, H] against probs[rows], `chunk` rows at
     a time; with gradients each chunk's logits are recomputed in backward instead of kept."""
-    ces, corrects = [], []
-    for start in range(0, max(len(h), 1), chunk):  # one (empty) chunk when n = 0 keeps the graph whole
-        part = (head, probs, h[start : start + chunk], rows[start : start + chunk])
-        if torch.is_grad_enabled():
-            ce, right = checkpoint(_soft_ce_chunk, *part, use_reentrant=False)
-        else:
-            ce, right = _soft_ce_chunk(*part)
-        ces.append(ce)
-        corrects.append(right)
+    ces, corrects = over_chunks(_soft_ce_chunk, (head, probs), h, rows, chunk)
     return torch.stack(ces).sum(), torch.stack(corrects).sum()
 
 

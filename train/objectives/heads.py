@@ -18,6 +18,8 @@ train/preflight/eagle3_memory.py, train/preflight/mtp_memory.py).
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch
 from torch import nn
 
@@ -25,6 +27,7 @@ from draftsmith.runtime.errors import DraftsmithError
 from draftsmith.train.objectives.eagle3_data import offline_batch, online_batch, pad_rows
 from draftsmith.train.objectives.eagle3_levers import Levers, pad_steps
 from draftsmith.train.objectives.eagle3_objective import TTTBatch, ttt_loss
+from draftsmith.train.objectives.head_init import copy_target_output, draft_ids
 from draftsmith.train.preflight.eagle3_memory import eagle3_terms
 from draftsmith.train.preflight.mtp_memory import mtp_terms
 
@@ -71,18 +74,13 @@ class TTTModel(nn.Module):
 
 
 def build_eagle3_head(cfg, target, aux_layers, vocab_dir):
-    from draftsmith.data_recipes.vocab import load_draft_vocab
-
     head = Eagle3Kind.new_head(
         target, aux_layers, cfg.head.draft_vocab_size, cfg.train.ttt_steps, False, cfg.head.head_options()
     )
-    d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, cfg.head.draft_vocab_size)
-    ids = d2t + torch.arange(len(d2t))
+    ids = draft_ids(vocab_dir, target, cfg.head.draft_vocab_size)
     head.set_draft_vocab(ids)
-    if cfg.head.init_from_target:  # the head's output lives in the target's residual space
-        with torch.no_grad():
-            head.lm_head.weight.copy_(target.model.lm_head.weight[ids].float())
-            head.norm.weight.copy_(target.decoder.norm.weight.float())
+    if cfg.head.init_from_target:
+        copy_target_output(head, target, ids)
     return head.float()
 
 
@@ -101,10 +99,7 @@ def make_batch(target, rows, aux_layers, device) -> dict:
 class Eagle3Kind:
     kind, label, steps_label, ttt = "eagle3", "EAGLE-3", "K={}", True
     memory_terms = staticmethod(eagle3_terms)  # the memory preflight's terms: batch building, the unroll
-
-    @staticmethod
-    def steps(cfg) -> int:
-        return cfg.train.ttt_steps
+    steps = staticmethod(attrgetter("train.ttt_steps"))  # steps(cfg): the TTT unroll's K
 
     @staticmethod
     def new_head(
@@ -212,10 +207,7 @@ def mtp_batch(rows: list[dict], device, dtype) -> dict:
 class MtpKind:
     kind, label, steps_label, ttt = "mtp", "MTP", "M={} modules", False
     memory_terms = staticmethod(mtp_terms)  # the memory preflight's terms: the modules' blocks, attention
-
-    @staticmethod
-    def steps(cfg) -> int:
-        return cfg.head.num_modules
+    steps = staticmethod(attrgetter("head.num_modules"))  # steps(cfg): M modules
 
     @staticmethod
     def new_head(

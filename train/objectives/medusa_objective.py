@@ -21,6 +21,7 @@ L_medusa. Tests: tests/train/test_medusa_objective.py, tests/train/test_medusa2.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from draftsmith.runtime.heads.medusa_kind import (
     MedusaSection,
 )  # the `head:` section (the runtime declares it)
 from draftsmith.train.objectives.eagle3_objective import TTTOutput
+from draftsmith.train.objectives.head_init import finish_head
 from draftsmith.train.objectives.mtp_objective import shift, teacher_positions
 from draftsmith.train.preflight.medusa_memory import medusa_terms
 
@@ -142,15 +144,7 @@ def build_heads(section: MedusaSection, target, vocab_dir=None) -> MedusaHeads:
         fc_bias=section.fc_bias,
         draft_vocab_size=vocab,
     )
-    heads = MedusaHeads(config)
-    if vocab is not None:
-        from draftsmith.data_recipes.vocab import load_draft_vocab
-
-        d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, vocab)
-        heads.set_draft_vocab(d2t + torch.arange(len(d2t)))
-    if section.init_from_target:
-        heads.init_from_target(target)
-    return heads.float()
+    return finish_head(MedusaHeads(config), target, vocab, section.init_from_target, vocab_dir)
 
 
 class MedusaKind:
@@ -161,10 +155,7 @@ class MedusaKind:
     # train/objectives/registry.py's keys
     kind, label, steps_label, ttt = "medusa", "Medusa", "K={} heads", False
     memory_terms = staticmethod(medusa_terms)  # the memory preflight's terms: no attention
-
-    @staticmethod
-    def steps(cfg) -> int:
-        return cfg.head.num_heads
+    steps = staticmethod(attrgetter("head.num_heads"))  # steps(cfg): K heads
 
     @staticmethod
     def new_head(target, aux_layers, draft_vocab: int, steps: int, cotrained: bool, options: dict):

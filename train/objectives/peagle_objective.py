@@ -30,6 +30,7 @@ depth, so every anchor trains every depth.
 from __future__ import annotations
 
 from collections.abc import Callable
+from operator import attrgetter
 
 import torch
 from torch import nn
@@ -43,6 +44,7 @@ from draftsmith.train.objectives.eagle3_objective import (
     soft_ce,
     target_reads,
 )
+from draftsmith.train.objectives.head_init import copy_target_output, draft_ids
 from draftsmith.train.preflight.eagle3_memory import eagle3_terms
 
 
@@ -168,18 +170,14 @@ def build_peagle_head(cfg, target, aux_layers, vocab_dir) -> PEagleHead:
     """A fresh head for the run: the draft vocabulary of the data steps; with head.init_from_target the
     LM head rows and final norm start as the target's (as EAGLE-3's) and the mask embedding as the
     target's embedding of mask_token_id."""
-    from draftsmith.data_recipes.vocab import load_draft_vocab
-
     head = PEagleKind.new_head(
         target, aux_layers, cfg.head.draft_vocab_size, 0, False, cfg.head.head_options()
     )
-    d2t, _ = load_draft_vocab(vocab_dir, target.vocab_size, cfg.head.draft_vocab_size)
-    ids = d2t + torch.arange(len(d2t))
+    ids = draft_ids(vocab_dir, target, cfg.head.draft_vocab_size)
     head.set_draft_vocab(ids)
     if cfg.head.init_from_target:
+        copy_target_output(head, target, ids)
         with torch.no_grad():
-            head.lm_head.weight.copy_(target.model.lm_head.weight[ids].float())
-            head.norm.weight.copy_(target.decoder.norm.weight.float())
             mask_id = torch.tensor([head.config.mask_token_id], device=target.device)
             head.mask_embed.copy_(target.embed(mask_id)[0].float())
     return head.float()
@@ -190,10 +188,7 @@ class PEagleKind:
 
     kind, label, steps_label, ttt = "peagle", "P-EAGLE", "K={} block", True
     memory_terms = staticmethod(eagle3_terms)  # the preflight's terms: K head calls over B x T, as EAGLE-3's
-
-    @staticmethod
-    def steps(cfg) -> int:
-        return cfg.head.block_size
+    steps = staticmethod(attrgetter("head.block_size"))  # steps(cfg): the block's K positions
 
     @staticmethod
     def new_head(
