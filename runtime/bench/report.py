@@ -276,52 +276,55 @@ def _speedup_plot(plt, out: Path, rows: list[dict]) -> str:
     return _save(plt, fig, out / "speedup_vs_batch.png")
 
 
-def _smallest_batch_rows(rows: list[dict], key: str) -> list[dict]:
-    """Rows at the smallest batch size that carry `key` (per-position plots compare drafters there)."""
+def _smallest_batch_plot(plt, rows: list[dict], key: str, draw, path: Path, **axes) -> str | None:
+    """One figure over the rows at the smallest batch size that carry `key` (per-position plots compare
+    drafters there): `draw(ax, series)` plots the [(row[key], label)], `axes` names the axes. None when no
+    row carries `key`."""
     smallest = min(r["batch_size"] for r in rows)
-    return [r for r in rows if r.get(key) and r["batch_size"] == smallest]
+    labels = plot_labels(r["method"] for r in rows)
+    series = [
+        (r[key], f"{labels[r['method']]} T={r['temperature']:g}")
+        for r in rows
+        if r.get(key) and r["batch_size"] == smallest
+    ]
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    draw(ax, series)
+    ax.set(**axes)
+    ax.legend(fontsize=7)
+    return _save(plt, fig, path)
 
 
 def _acceptance_plot(plt, out: Path, rows: list[dict]) -> str | None:
-    spec = _smallest_batch_rows(rows, "accept_rate_per_position")
-    if not spec:
-        return None
-    from matplotlib.ticker import MaxNLocator
+    def draw(ax, series) -> None:
+        from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    labels = plot_labels(r["method"] for r in rows)
-    for r in spec:
-        rates = r["accept_rate_per_position"]
-        label = f"{labels[r['method']]} T={r['temperature']:g}"
-        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=label)
-    ax.set(
+        for rates, label in series:
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
+
+    axes = dict(
         xlabel="draft position", ylabel="P(accepted | drafted)", ylim=(0, 1), title="acceptance per position"
     )
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # positions are whole numbers
-    ax.legend(fontsize=7)
-    return _save(plt, fig, out / "acceptance_per_position.png")
+    path = out / "acceptance_per_position.png"
+    return _smallest_batch_plot(plt, rows, "accept_rate_per_position", draw, path, **axes)
 
 
 def _lengths_plot(plt, out: Path, rows: list[dict]) -> str | None:
-    spec = _smallest_batch_rows(rows, "accepted_length_counts")
-    if not spec:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
-    labels = plot_labels(r["method"] for r in rows)
-    width = 0.8 / len(spec)
-    for i, r in enumerate(spec):
-        counts = r["accepted_length_counts"]
-        total = sum(counts)
-        ax.bar(  # each length's bars centered on it
-            [n + (i - (len(spec) - 1) / 2) * width for n in range(len(counts))],
-            [c / total for c in counts],
-            width,
-            label=f"{labels[r['method']]} T={r['temperature']:g}",
-        )
-    ax.set(xlabel="drafted tokens accepted in a cycle", ylabel="share of cycles", title="accepted lengths")
-    ax.set_xticks(range(max(len(r["accepted_length_counts"]) for r in spec)))
-    ax.legend(fontsize=7)
-    return _save(plt, fig, out / "accepted_lengths.png")
+    def draw(ax, series) -> None:
+        width = 0.8 / len(series)
+        for i, (counts, label) in enumerate(series):
+            total = sum(counts)
+            offset = (i - (len(series) - 1) / 2) * width  # each length's bars centered on it
+            ax.bar([n + offset for n in range(len(counts))], [c / total for c in counts], width, label=label)
+        ax.set_xticks(range(max(len(counts) for counts, _ in series)))
+
+    axes = dict(
+        xlabel="drafted tokens accepted in a cycle", ylabel="share of cycles", title="accepted lengths"
+    )
+    path = out / "accepted_lengths.png"
+    return _smallest_batch_plot(plt, rows, "accepted_length_counts", draw, path, **axes)
 
 
 def _save(plt, fig, path: Path) -> str:

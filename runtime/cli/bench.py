@@ -112,35 +112,27 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# BenchRequest fields (runtime/bench/run.py) that are flags of the same name, passed as given
+AS_GIVEN = (
+    "target", "device", "dtype", "attention", "cpu_linears",  # the target and how it runs
+    "quantize", "group_size", "quantize_draft", "draft_group_size",
+    "prompts", "num_prompts", "max_new_tokens", "temperatures", "batch_sizes",  # the workload
+    "repeats", "seed", "out", "sync_timing",
+)  # fmt: skip
+
+
 def run_bench_cli(args: argparse.Namespace) -> None:
     from draftsmith.runtime.bench.run import BenchRequest, run_bench
 
     request = BenchRequest(
-        target=args.target,
+        **{name: getattr(args, name) for name in AS_GIVEN},
         drafts=args.draft,
         trees=args.tree,
-        prompts=args.prompts,
-        num_prompts=args.num_prompts,
         categories=[c for c in args.categories.split(",") if c] if args.categories else None,
-        max_new_tokens=args.max_new_tokens,
-        temperatures=args.temperatures,
-        batch_sizes=args.batch_sizes,
         baselines=check_baselines([b for b in args.baselines.split(",") if b]),
-        repeats=args.repeats,
-        seed=args.seed,
         chat=not args.no_chat,
-        out=args.out,
         plots=not args.no_plots,
         roofline=not args.no_roofline,
-        device=args.device,
-        dtype=args.dtype,
-        attention=args.attention,
-        cpu_linears=args.cpu_linears,
-        quantize=args.quantize,
-        group_size=args.group_size,
-        quantize_draft=args.quantize_draft,
-        draft_group_size=args.draft_group_size,
-        sync_timing=args.sync_timing,
         command="draftsmith " + " ".join(shlex.quote(a) for a in args.argv),
     )
     run_bench(request)
