@@ -2,7 +2,8 @@
 
 - the registry: `head_kinds` (the one place that maps a kind's name to what it declares) with
   `head_kind` (what a kind declares: config section, module, drafter, export layouts, model-card words),
-  and the kinds `eagle3_kind`, `mtp_kind`, `medusa_kind`, `dflash_kind`, `peagle_kind`;
+  the kinds `eagle3_kind`, `mtp_kind`, `medusa_kind`, `dflash_kind`, `peagle_kind`, and `kind_parts` (the
+  helpers they share: lazy imports, a layout written, read back and compared, the speculators serve text);
 - `head_folder`: the one strict reader of head folders every kind's loader calls (files, head_type, config
   keys, tensor names, shapes and values);
 - the heads: `eagle3` (with `eagle3_binding`: a co-trained head's binding to its target's weights),

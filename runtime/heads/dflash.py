@@ -34,24 +34,22 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftsmith.runtime.core.artifacts import save_head_files, tokenizer_hash
+from draftsmith.runtime.core.artifacts import save_head_files
 from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.heads.aux_layers import default_aux_layers
 from draftsmith.runtime.heads.draft_vocab import DraftVocab
-from draftsmith.runtime.heads.eagle3 import check_feature_head, draft_layer_fields
+from draftsmith.runtime.heads.eagle3 import (
+    FeatureHeadConfig,
+    check_feature_head,
+    check_feature_target,
+    feature_head_fields,
+)
 from draftsmith.runtime.heads.head_folder import fill_strict, read_head_folder
 
 DEFAULT_BLOCK = 16  # the paper's block size (z-lab's Qwen3 drafters are b16)
 
 
 @dataclass
-class DFlashConfig:
-    target: str  # the target's name (identity checks use the hashes and sizes below)
-    vocab_size: int  # the target's vocabulary
-    draft_vocab_size: int
-    target_hidden_size: int
-    aux_layer_ids: list[int]  # 0-based decoder-layer outputs (transformers hidden_states[i + 1])
-    tokenizer_hash: str
+class DFlashConfig(FeatureHeadConfig):
     mask_token_id: int  # the token the block's positions after the anchor hold (its target embedding)
     block_size: int = DEFAULT_BLOCK  # tokens per block, the anchor included: drafts block_size - 1
     num_layers: int = 1  # draft decoder layers
@@ -63,23 +61,9 @@ class DFlashConfig:
     def for_target(
         cls, target, aux_layer_ids=None, draft_vocab_size: int | None = None, **options
     ) -> DFlashConfig:
-        cfg = target.config.to_dict()
         if options.get("mask_token_id") is None:
             options["mask_token_id"] = default_mask_token(target)
-        aux = (
-            list(aux_layer_ids) if aux_layer_ids is not None else list(default_aux_layers(target.num_layers))
-        )
-        config = cls(
-            target=target.name,
-            vocab_size=target.vocab_size,
-            draft_vocab_size=draft_vocab_size or target.vocab_size,
-            target_hidden_size=target.hidden_size,
-            aux_layer_ids=aux,
-            tokenizer_hash=tokenizer_hash(target.tokenizer),
-            layer=draft_layer_fields(target),
-            target_model_type=cfg.get("model_type"),
-            **options,
-        )
+        config = cls(**feature_head_fields(target, aux_layer_ids, draft_vocab_size), **options)
         return config.validate(num_target_layers=target.num_layers)
 
     @property
@@ -232,16 +216,6 @@ class DFlashHead(nn.Module, DraftVocab):
             h = layer(h, rope, k, v, mask)
         return h
 
-    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.norm(h))  # [..., Vd]
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32, float64 kept
-
-    def target_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft logits placed at their target ids, -inf elsewhere -> [..., V] (vLLM's compute_logits)."""
-        draft = self.draft_logits(h)
-        full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.scatter(-1, self.draft_ids().expand_as(draft), draft)
-
     @classmethod
     def from_pretrained(cls, folder: str | Path, target=None) -> DFlashHead:
         return load_head(folder, target)
@@ -270,15 +244,6 @@ def load_head(folder: str | Path, target=None) -> DFlashHead:
 
 
 def check_head_matches_target(config: DFlashConfig, target) -> None:
-    checks = [
-        ("vocab_size", config.vocab_size, target.vocab_size),
-        ("target_hidden_size", config.target_hidden_size, target.hidden_size),
-        ("hidden_size", config.hidden_size, target.hidden_size),  # the target's embedding feeds the block
-        ("tokenizer_hash", config.tokenizer_hash, tokenizer_hash(target.tokenizer)),
-    ]
-    if config.target_model_type is not None:  # a head reads one family's hidden states, not another's
-        checks.append(("target_model_type", config.target_model_type, target.config.model_type))
-    for name, got, expected in checks:
-        if got != expected:
-            raise BadInputError(f"dflash head {name}", got, f"{expected} (the target {target.name})")
-    config.validate(num_target_layers=target.num_layers)
+    # the target's embedding feeds the block: the head's width must be the target's
+    embedding = ("hidden_size", config.hidden_size, target.hidden_size)
+    check_feature_target(config, target, "dflash head", embedding)

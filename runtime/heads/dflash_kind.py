@@ -16,24 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.dflash import DEFAULT_BLOCK, check_block_size
-from draftsmith.runtime.heads.head_kind import (
-    DEFAULT_DEPTH,
-    HeadKind,
-    HeadSection,
-    Layout,
-    LayoutOptions,
-    ServeArgs,
-    VllmServe,
-    Written,
-    lazy_class,
-    lazy_function,
-    serve_speculators,
-    write_checked,
-)
+from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH, HeadKind, HeadSection, Layout, VllmServe
+from draftsmith.runtime.heads.kind_parts import lazy_class, lazy_function, serve_speculators, write_checked
+
+if TYPE_CHECKING:  # the layout functions' annotations
+    from draftsmith.runtime.heads.head_kind import LayoutOptions, ServeArgs, Written
 
 BLOCK_OPTION = "#block="
 VLLM = VllmServe(layout="dflash", method="dflash")  # z-lab's layout
@@ -54,10 +45,8 @@ class DFlashSection(HeadSection):
     def validate(self) -> DFlashSection:
         super().validate()
         check_block_size(self.block_size, "head.block_size")
-        if self.num_layers < 1:
-            raise BadInputError("head.num_layers", self.num_layers, "an integer >= 1")
-        if self.max_anchors < 1:
-            raise BadInputError("head.max_anchors", self.max_anchors, "an integer >= 1")
+        self.check_at_least("num_layers", 1)
+        self.check_at_least("max_anchors", 1)
         if not self.loss_gamma > 0:
             raise BadInputError("head.loss_gamma", self.loss_gamma, "a number > 0")
         return self
@@ -65,29 +54,18 @@ class DFlashSection(HeadSection):
     def head_options(self) -> dict:
         """DFlashConfig.for_target's keywords (trainer and preflight build the same head) and the anchors
         per row the memory preflight reads (DFlashKind.new_head drops them)."""
-        options = dict(
-            block_size=self.block_size, num_layers=self.num_layers, mask_token_id=self.mask_token_id
-        )
-        return {**options, "max_anchors": self.max_anchors}
+        return self.keywords("block_size", "num_layers", "mask_token_id", "max_anchors")
 
 
 # ---- drafting ---------------------------------------------------------------------------------------------
-def split_arg(arg: str) -> tuple[str, int | None]:
-    """`DIR` or `DIR#block=N` -> (DIR, N or None)."""
+def draft_arg(arg: str) -> tuple[str, dict]:
+    """`DIR` or `DIR#block=N` -> (DIR, the drafter's {"block": N or None (the trained block)})."""
     folder, sep, size = arg.partition(BLOCK_OPTION)
     if not sep:
-        return arg, None
+        return arg, {"block": None}
     if not size.isdigit():
         raise BadInputError("--draft", f"dflash:{arg}", "dflash:DIR or dflash:DIR#block=N with an integer N")
-    return folder, int(size)
-
-
-def load_draft(arg: str, target):
-    """`dflash:DIR[#block=N]` -> the head and {"block": N or None (the trained block)}."""
-    from draftsmith.runtime.heads.dflash_layout import load_dflash
-
-    folder, block = split_arg(arg)
-    return load_dflash(folder, target).to(device=target.device, dtype=target.dtype), {"block": block}
+    return folder, {"block": int(size)}
 
 
 def parse_tree(arg: str, spec: str):
@@ -99,8 +77,8 @@ def parse_tree(arg: str, spec: str):
 
 def default_depth(arg: str) -> int | None:
     """chain:2, or chain:1 for a block of 2."""
-    folder, block = split_arg(arg)
-    config = Path(folder) / "config.json"
+    folder, options = draft_arg(arg)
+    block, config = options["block"], Path(folder) / "config.json"
     if block is None and config.is_file():
         raw = read_json(config, "--draft")
         block = raw.get("block_size")
@@ -110,18 +88,15 @@ def default_depth(arg: str) -> int | None:
 read_any = lazy_function("draftsmith.runtime.heads.dflash_layout", "load_dflash")
 
 
-# ---- export -----------------------------------------------------------------------------------------------
-def _write(head, config: dict, tensors: dict, out: Path, what: str) -> Written:
-    """Write the layout, read it back as `--draft dflash:DIR` does, compare with the head."""
-    write_checked(out, config, tensors, read_any, head.state_dict(), head.config, what)
-    c = head.config
-    details = [
+# ---- export: each layout written, read back as `--draft dflash:DIR` reads it, compared with the head ------
+def _details(c) -> list[str]:
+    """The model card's lines about a head with config `c`."""
+    return [
         f"block of {c.block_size} (anchor + {c.drafts} mask tokens, mask id {c.mask_token_id}), "
         f"{c.num_layers} Qwen3 draft layer(s)",
         f"target features: layer outputs {c.aux_layer_ids} (0-based), fused as every layer's context KV",
         f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens",
     ]
-    return Written.of_head(c, tensors, details)
 
 
 def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -129,8 +104,8 @@ def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Writte
     from draftsmith.runtime.heads.dflash_layout import to_speculators
 
     head = load_head(folder)
-    config, tensors = to_speculators(head, options.verifier)
-    return _write(head, config, tensors, out, "speculators")
+    layout = to_speculators(head, options.verifier)
+    return write_checked(out, head, layout, read_any, "speculators", _details(head.config))
 
 
 def write_zlab(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -146,8 +121,7 @@ def write_zlab(folder: Path, out: Path, options: LayoutOptions) -> Written:
             "--target", target, "a local target folder (its config.json gives num_target_layers)"
         )
     layers = read_json(where / "config.json", "--target").get("num_hidden_layers")
-    config, tensors = to_zlab(head, layers)
-    return _write(head, config, tensors, out, "dflash")
+    return write_checked(out, head, to_zlab(head, layers), read_any, "dflash", _details(head.config))
 
 
 def serve_zlab(args: ServeArgs) -> str:
@@ -166,19 +140,18 @@ KIND = HeadKind(
     "a smaller block",
     module_class=lazy_class("draftsmith.runtime.heads.dflash", "DFlashHead"),
     section=DFlashSection,
-    load_draft=load_draft,
+    read=read_any,
+    draft_arg=draft_arg,
     spec="dflash:DIR[#block=N]",
     layouts={
         "speculators": Layout(
             write=write_speculators,
-            read=read_any,
             serve=partial(serve_speculators, note="; DFlash drafts a block per forward"),
             reads="verifier",
             about="speculators' DFlash layout (speculators_model_type: dflash), which vLLM serves",
         ),
         "dflash": Layout(
             write=write_zlab,
-            read=read_any,
             serve=serve_zlab,
             reads="target",
             about="z-lab's DFlash layout (DFlashDraftModel, dflash_config) that vLLM and SGLang load",

@@ -54,13 +54,20 @@ LAYER_KEYS = (  # the Llama fields that describe the draft layer, copied from th
 
 
 @dataclass
-class Eagle3Config:
+class FeatureHeadConfig:
+    """The fields every head reading the target's aux features starts its config with (EAGLE-3's, P-EAGLE's,
+    DFlash's; feature_head_fields fills them, check_feature_target checks them against a target)."""
+
     target: str  # the target's name (identity checks use the hashes and sizes below)
     vocab_size: int  # the target's vocabulary
     draft_vocab_size: int
     target_hidden_size: int
     aux_layer_ids: list[int]  # 0-based decoder-layer outputs (transformers hidden_states[i + 1])
     tokenizer_hash: str
+
+
+@dataclass
+class Eagle3Config(FeatureHeadConfig):
     layer: dict = field(default_factory=dict)  # Llama fields of the draft layer (LAYER_KEYS)
     head_type: str = "eagle3"
     # EAGLE-3.1 input norms: an RMSNorm per aux hidden state (`fc_norm.{i}`), or
@@ -85,21 +92,8 @@ class Eagle3Config:
     def for_target(
         cls, target, aux_layer_ids=None, draft_vocab_size: int | None = None, **options
     ) -> Eagle3Config:
-        cfg = target.config.to_dict()
-        layers = target.num_layers
-        aux = list(aux_layer_ids) if aux_layer_ids is not None else list(default_aux_layers(layers))
-        config = cls(
-            target=target.name,
-            vocab_size=target.vocab_size,
-            draft_vocab_size=draft_vocab_size or target.vocab_size,
-            target_hidden_size=target.hidden_size,
-            aux_layer_ids=aux,
-            tokenizer_hash=tokenizer_hash(target.tokenizer),
-            layer=draft_layer_fields(target),
-            target_model_type=cfg.get("model_type"),
-            **options,
-        )
-        config.validate(num_target_layers=layers)
+        config = cls(**feature_head_fields(target, aux_layer_ids, draft_vocab_size), **options)
+        config.validate(num_target_layers=target.num_layers)
         return config
 
     @property
@@ -111,6 +105,23 @@ class Eagle3Config:
         if self.fc_norm and self.norm_before_fc:
             raise BadInputError("fc_norm", True, "fc_norm or norm_before_fc, not both (EAGLE-3.1 flags)")
         return self
+
+
+def feature_head_fields(target, aux_layer_ids=None, draft_vocab_size: int | None = None) -> dict:
+    """The config fields a head reading the target's aux features takes from the target (EAGLE-3's,
+    P-EAGLE's and DFlash's for_target): its identity and sizes, the aux layers (default: default_aux_layers),
+    the draft vocabulary (default: the whole) and the draft layers' fields."""
+    aux = aux_layer_ids if aux_layer_ids is not None else default_aux_layers(target.num_layers)
+    return dict(
+        target=target.name,
+        vocab_size=target.vocab_size,
+        draft_vocab_size=draft_vocab_size or target.vocab_size,
+        target_hidden_size=target.hidden_size,
+        aux_layer_ids=list(aux),
+        tokenizer_hash=tokenizer_hash(target.tokenizer),
+        layer=draft_layer_fields(target),
+        target_model_type=target.config.to_dict().get("model_type"),
+    )
 
 
 def draft_layer_fields(target) -> dict:
@@ -301,18 +312,6 @@ class Eagle3Head(nn.Module, DraftVocab):
         """The feature a child reads from its parent's output h: h itself, or norm(h) with norm_output."""
         return self.norm(h) if self.config.norm_output else h
 
-    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.norm(h))  # [..., Vd]
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32, float64 kept
-
-    def target_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft logits placed at their target ids, -inf elsewhere -> [..., V] (what vLLM's compute_logits
-        does), so the runtime samples and verifies in the target's vocabulary."""
-        draft = self.draft_logits(h)
-        full = draft.new_full((*draft.shape[:-1], self.config.vocab_size), float("-inf"))
-        index = self.draft_ids().expand_as(draft)
-        return full.scatter(-1, index, draft)
-
     @classmethod
     def from_pretrained(cls, folder: str | Path, target=None) -> Eagle3Head:
         """transformers' name for `load_head`: our folder, strict, checked against `target` when given
@@ -325,8 +324,9 @@ class Eagle3Head(nn.Module, DraftVocab):
 
 # ---- files --------------------------------------------------------------------------------------------
 def save_head(head: Eagle3Head, folder: str | Path) -> None:
-    """config.json + model.safetensors (the rotary cache is derived, never stored), written atomically."""
-    save_head_files(head, folder, "eagle3")
+    """config.json + model.safetensors (the rotary cache is derived, never stored), written atomically, under
+    the config's head_type (a P-EAGLE head, subclassed, is saved as one)."""
+    save_head_files(head, folder, head.config.head_type)
 
 
 def load_head(folder: str | Path, target=None) -> Eagle3Head:
@@ -344,14 +344,22 @@ def check_head_matches_target(config: Eagle3Config, target, any_target: bool = F
     from draftsmith.runtime.heads.eagle3_binding import check_bound_target
 
     check_bound_target(config, target, any_target)
+    check_feature_target(config, target, "eagle3 head")
+
+
+def check_feature_target(config, target, what: str, *extra: tuple) -> None:
+    """A feature head's config (EAGLE-3's, P-EAGLE's, DFlash's) against `target`: its vocabulary and hidden
+    size, the `extra` (name, got, expected) facts, its tokenizer and family, then its aux layers within the
+    target's; a mismatch is refused naming `what` ("eagle3 head")."""
     checks = [
         ("vocab_size", config.vocab_size, target.vocab_size),
         ("target_hidden_size", config.target_hidden_size, target.hidden_size),
+        *extra,
         ("tokenizer_hash", config.tokenizer_hash, tokenizer_hash(target.tokenizer)),
     ]
     if config.target_model_type is not None:  # a head reads one family's hidden states, not another's
         checks.append(("target_model_type", config.target_model_type, target.config.model_type))
     for name, got, expected in checks:
         if got != expected:
-            raise BadInputError(f"eagle3 head {name}", got, f"{expected} (the target {target.name})")
+            raise BadInputError(f"{what} {name}", got, f"{expected} (the target {target.name})")
     config.validate(num_target_layers=target.num_layers)

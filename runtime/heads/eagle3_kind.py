@@ -1,14 +1,12 @@
 """The EAGLE-3 head kind: what runtime/heads/head_kinds.py registers for `eagle3` (runtime/heads/head_kind.py
-says
-what a kind declares).
+says what a kind declares).
 
     head, options = KIND.load_draft("runs/eagle3/final", target)   # --draft eagle3:DIR
     KIND.all_layouts()["speculators"].write(head_folder, out, LayoutOptions(verifier="org/model"))
 
 The head is runtime/heads/eagle3.py, its drafter runtime/drafters/eagle3_drafter.py, its engine layouts
-(official /
-SGLang, speculators) runtime/heads/layouts.py; this file ties them together and holds the export writers and
-the model card's serve texts. Heavy modules are imported inside the functions that use them.
+(official / SGLang, speculators) runtime/heads/layouts.py; this file ties them together and holds the export
+writers and the model card's serve texts. Heavy modules are imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -19,25 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from draftsmith.runtime.core.artifacts import open_tensors
-from draftsmith.runtime.errors import BadInputError, read_json
+from draftsmith.runtime.errors import read_json
 from draftsmith.runtime.heads.eagle3_binding import binding_details, check_export_target
-from draftsmith.runtime.heads.head_kind import (
-    CotrainSection,
-    HeadKind,
-    Layout,
-    LayoutOptions,
-    ServeArgs,
-    VllmServe,
-    Written,
-    lazy_class,
-    lazy_function,
-    plain_load_draft,
-    serve_speculators,
-    write_checked,
-)
+from draftsmith.runtime.heads.head_kind import CotrainSection, HeadKind, Layout, VllmServe
+from draftsmith.runtime.heads.kind_parts import lazy_class, lazy_function, serve_speculators, write_checked
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only
     from draftsmith.runtime.heads.eagle3 import Eagle3Head
+    from draftsmith.runtime.heads.head_kind import LayoutOptions, ServeArgs, Written
 
 log = logging.getLogger(__name__)
 VLLM = VllmServe(layout="eagle3", method="eagle3")  # the official layout with vLLM's aux ids
@@ -70,18 +57,12 @@ class Eagle3Section(CotrainSection):
 
     def validate(self) -> Eagle3Section:
         super().validate()
-        if self.num_layers < 1:
-            raise BadInputError("head.num_layers", self.num_layers, "an integer >= 1")
+        self.check_at_least("num_layers", 1)
         return self
 
     def head_options(self) -> dict:
-        """Eagle3Config.for_target's keywords (the trainer and the memory preflight build the same head)."""
-        return dict(
-            fc_norm=self.fc_norm,
-            norm_before_fc=self.norm_before_fc,
-            num_layers=self.num_layers,
-            norm_output=self.norm_output,
-        )
+        """Eagle3Config.for_target's keywords."""
+        return self.keywords("fc_norm", "norm_before_fc", "num_layers", "norm_output")
 
 
 read_any = lazy_function("draftsmith.runtime.heads.layouts", "load_eagle3")  # any layout, or a Hub id
@@ -93,7 +74,7 @@ def _write(
 ) -> Written:
     """Write the layout (FP8 with `quantize`), read it back as `--draft eagle3:DIR` does, compare with the
     head (an FP8 export: with the head's dequantized weights, exactly)."""
-    expected, precision = head.state_dict(), ""
+    expected, precision = None, ""
     if quantize == "fp8":
         from draftsmith.runtime.heads.fp8_checkpoint import precision as fp8_precision
         from draftsmith.runtime.heads.fp8_checkpoint import quantize_eagle3
@@ -101,7 +82,6 @@ def _write(
         layout = "speculators" if what == "speculators" else "official"
         config, tensors, expected = quantize_eagle3(head, config, tensors, layout)
         precision = fp8_precision(head.fc.weight.dtype)
-    write_checked(out, config, tensors, read_any, expected, head.config, what)
     ids = (
         config.get("eagle_aux_hidden_state_layer_ids")
         or config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
@@ -112,7 +92,7 @@ def _write(
         f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens (`d2t`)",
         *binding_details(c),  # a co-trained head: which target serves it (runtime/heads/eagle3_binding.py)
     ]
-    return Written.of_head(c, tensors, details, precision=precision)
+    return write_checked(out, head, (config, tensors), read_any, what, details, expected, precision)
 
 
 def write_official(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -182,13 +162,12 @@ KIND = HeadKind(
     "output says how foreign aux-layer ids read, #any-target pairs a co-trained head with another target",
     module_class=lazy_class("draftsmith.runtime.heads.eagle3", "Eagle3Head"),
     section=Eagle3Section,
-    load_draft=plain_load_draft(read_any),
+    read=read_any,
     cotrain=True,  # the target may train with the head (train/objectives/eagle3_cotrain.py)
     spec="eagle3:DIR",
     layouts={
         "eagle3": Layout(
             write=write_official,
-            read=read_any,
             serve=serve_official,
             about="official / SGLang EAGLE-3 layout (LlamaForCausalLMEagle3, midlayer.*, d2t); vLLM's "
             "`method: eagle3` loads it too. Aux-layer ids mean different tensors in SGLang (output of "
@@ -197,7 +176,6 @@ KIND = HeadKind(
         ),
         "speculators": Layout(
             write=write_speculators,
-            read=read_any,
             serve=serve_speculators,
             reads="verifier",
             about="vLLM's native layout (speculators_config, layers.0.*, aux ids in vLLM's convention): "

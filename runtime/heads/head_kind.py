@@ -2,7 +2,7 @@
 kinds).
 
     kind = HeadKind(name="eagle3", title="EAGLE-3 draft head", about="an EAGLE-3 head: ...",
-                    module_class=lambda: Eagle3Head, section=Eagle3Section, load_draft=load_draft,
+                    module_class=lambda: Eagle3Head, section=Eagle3Section, read=load_eagle3,
                     spec="eagle3:DIR", layouts={"eagle3": Layout(...)},
                     vllm=VllmServe(layout="eagle3", method="eagle3"))
 
@@ -14,39 +14,34 @@ A kind is a trained head (EAGLE-3, MTP, ...). It declares:
   identity when given) and `save_pretrained(folder)`;
 - `section`: its `head:` section of a train config, a `HeadSection` subclass holding its own keys only
   (a `CotrainSection` for a kind that co-trains: its own co-training weight, `head.cotrain_weight`);
-- `load_draft(arg, target)`: the head `--draft NAME:ARG` names, on the target's device and dtype, and
-  its drafter's options (`mtp:DIR#recursive`, `dflash:DIR#block=N`); its drafter is registered on the
-  drafters' side (runtime/drafters/registry.py), so heads never import drafters;
+- `read(folder, target=None)`: the head in a folder of the kind, ours or an engine layout's (what
+  `--draft NAME:DIR` loads; `load_draft` puts it on the target's device and dtype); `draft_arg(arg)`
+  (optional) splits its drafter's options off `--draft NAME:ARG` (`mtp:DIR#recursive`,
+  `dflash:DIR#block=N`); its drafter is registered on the drafters' side (runtime/drafters/registry.py),
+  so heads never import drafters;
 - `parse_tree(arg, spec)` (optional): `--tree SPEC` for `--draft NAME:ARG`, where a kind has trees of
   its own (Medusa's cartesian:K1,.. and sparse:N);
-- `layouts`: export layout name -> `Layout` (writer, reader, serve text); every kind also has
-  `draftsmith` (its own folder), added by `all_layouts`;
+- `layouts`: export layout name -> `Layout` (writer, serve text; read back with the kind's `read`); every
+  kind also has `draftsmith` (its own folder), added by `all_layouts`;
 - `vllm` (optional): how vLLM serves it (`VllmServe`: the layout it loads, its `speculative_config`), read
   by `bench --baselines vllm-NAME:DIR` and the serve texts;
 - `title`, `about` and the serve texts: the words its model card and `--draft`'s help use.
 Its training objective is registered from train/ (train/objectives/registry.py), so this module and the
-registry never import the trainer. The pieces several kinds share are here too: `lazy_class` and
-`lazy_function` (a kind imports its head only when asked), `plain_load_draft`, `write_checked` (a layout
-written, read back and compared) and `serve_speculators` (the serve text of a speculators folder).
+registry never import the trainer. What a layout's functions take and return is here too (`LayoutOptions`,
+`Written`, `ServeArgs`); the helpers several kinds call are runtime/heads/kind_parts.py.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
-from draftsmith.runtime.core.artifacts import (
-    atomic_save_file,
-    check_round_trip,
-    load_tensors,
-    parameter_summary,
-)
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, read_json
+from draftsmith.runtime.core.artifacts import load_tensors, parameter_summary
+from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.head_folder import CONFIG_FILE, WEIGHTS_FILE
 
 DEFAULT_DEPTH = 2  # the default tree, chain:2, suits CPUs (BENCHMARKS.md); shallower for a shallower head
@@ -63,9 +58,19 @@ class HeadSection:
     init_from_target: bool = True  # start the head's parts from the target's (each kind says which)
 
     def validate(self) -> HeadSection:
-        if self.draft_vocab_size < 1:
-            raise BadInputError("head.draft_vocab_size", self.draft_vocab_size, "an integer >= 1")
+        self.check_at_least("draft_vocab_size", 1)
         return self
+
+    def check_at_least(self, key: str, least: int) -> None:
+        """`head.KEY` must be an integer >= `least`."""
+        value = getattr(self, key)
+        if value < least:
+            raise BadInputError(f"head.{key}", value, f"an integer >= {least}")
+
+    def keywords(self, *keys: str) -> dict:
+        """These keys of the section as keywords of the head config's `for_target` (a kind's head_options:
+        the trainer and the memory preflight build the same head)."""
+        return {key: getattr(self, key) for key in keys}
 
     def check_run(self, cfg) -> None:
         """Checks against the rest of the train config (`cfg`); a kind adds its own."""
@@ -145,14 +150,15 @@ class ServeArgs:
 @dataclass(frozen=True)
 class Layout:
     """One export layout: `write(head_folder, out, options) -> Written` writes it into `out` and reads it
-    back with `read` (comparing tensor by tensor); `read(folder, target=None)` is what `--draft` loads;
+    back with `read` (comparing tensor by tensor); `read(folder, target=None)` is what `--draft` loads (a
+    kind's engine layouts leave it None: HeadKind.all_layouts gives them the kind's `read`);
     `serve(ServeArgs)` is the card's serve section; `reads` names the option (`verifier` or `target`) whose
     folder it reads besides the head, so export keeps `--out` apart from it; `about` is its line in
     `draftsmith export --help` (which lists the registry's layouts)."""
 
     write: Callable[[Path, Path, LayoutOptions], Written]
-    read: Callable
     serve: Callable[[ServeArgs], str]
+    read: Callable | None = None
     reads: str | None = None
     about: str = ""
     # `export --quantize fp8`: "" = the writer cannot carry FP8, "any" = under any --engine, else the one
@@ -195,7 +201,7 @@ class HeadKind:
     about: str  # what `--draft NAME:DIR` loads, in `draftsmith generate --help` (runtime/cli/args.py)
     module_class: Callable[[], type]  # -> the module class (imported when asked: the registry stays light)
     section: type  # a HeadSection subclass
-    load_draft: Callable  # (arg, target) -> (the head on the target's device and dtype, drafter options)
+    read: Callable  # (folder, target=None) -> the head in our folder or any of the kind's engine layouts
     spec: str  # the `--draft` form its help lists, e.g. "mtp:DIR[#recursive]"
     layouts: dict[str, Layout] = field(default_factory=dict)  # engine layouts ("draftsmith" is added)
     # (arg) -> the default chain depth for `--draft NAME:ARG` (None: the registry's default, 2)
@@ -205,17 +211,27 @@ class HeadKind:
     # own (Medusa's cartesian:, sparse:); None: runtime/tree.parse_tree_spec
     parse_tree: Callable[[str, str], object] | None = None
     vllm: VllmServe | None = None  # how vLLM serves the kind (None: it does not)
+    # (arg) -> (its folder, the drafter's options) for `--draft NAME:ARG` (mtp:DIR#recursive); default: none
+    draft_arg: Callable[[str], tuple[str, dict]] = lambda arg: (arg, {})
 
     @property
     def module(self) -> type:
         return self.module_class()
+
+    def load_draft(self, arg: str, target) -> tuple:
+        """`--draft NAME:ARG` -> the head on the target's device and dtype, and its drafter's options."""
+        folder, options = self.draft_arg(arg)
+        return self.read(folder, target).to(device=target.device, dtype=target.dtype), options
 
     def all_layouts(self) -> dict[str, Layout]:
         def read(folder, target=None):
             return self.module.from_pretrained(folder, target)
 
         own = Layout(write=copy_own_folder, read=read, serve=serve_own, about=OWN_ABOUT)
-        return {"draftsmith": own, **self.layouts}
+        engines = {
+            name: replace(layout, read=layout.read or self.read) for name, layout in self.layouts.items()
+        }
+        return {"draftsmith": own, **engines}
 
 
 # ---- draftsmith's own layout, the same for every kind -----------------------------------------------------
@@ -241,56 +257,4 @@ def serve_own(args: ServeArgs) -> str:
     return (
         f"## Use\n\ndraftsmith's own layout. Serve it with draftsmith, or export it for an engine{export}:"
         f"\n\n{args.generate}"
-    )
-
-
-# ---- what several kinds share -----------------------------------------------------------------------------
-def lazy_class(module: str, name: str) -> Callable[[], type]:
-    """A kind's `module_class`: `module.name`, imported when asked (the registry stays light)."""
-    return lambda: getattr(importlib.import_module(module), name)
-
-
-def lazy_function(module: str, name: str) -> Callable:
-    """`module.name`, imported at each call: a kind's reader without importing its head with the kind."""
-
-    def call(*args, **kwargs):
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    return call
-
-
-def plain_load_draft(read: Callable) -> Callable:
-    """A kind's `load_draft` without drafter options: `read(arg, target)` on the target's device and dtype."""
-
-    def load_draft(arg: str, target):
-        return read(arg, target).to(device=target.device, dtype=target.dtype), {}
-
-    return load_draft
-
-
-def write_checked(
-    out: Path, config: dict, tensors: dict, read: Callable, expected: dict, head_config, what: str
-):
-    """Write a layout's config.json and model.safetensors into `out`, read it back with `read` (as `--draft`
-    does) and compare with the head (`expected`: its state dict, `head_config`); -> the head read back."""
-    with open(out / CONFIG_FILE, "w") as f:
-        f.write(json.dumps(config, indent=1) + "\n")
-    atomic_save_file(out / WEIGHTS_FILE, tensors, {"format": "pt"})
-    back = read(str(out))
-    check_read_back(back, expected, head_config, what)
-    return back
-
-
-def check_read_back(back, expected: dict, head_config, what: str, whose: str = "head's") -> None:
-    """An export read back holds `expected`'s tensors exactly and the head's config."""
-    check_round_trip(expected, back.state_dict(), f"{what} export")
-    if asdict(back.config) != asdict(head_config):
-        raise DraftsmithError(f"{what} export: the config read back differs from the {whose}")
-
-
-def serve_speculators(args: ServeArgs, note: str = "") -> str:
-    """The serve text of a speculators folder: vLLM reads the verifier from it (`note`: how it drafts)."""
-    return (
-        f"## Serve\n\nvLLM (reads the verifier from `speculators_config`{note}):\n\n"
-        f"```bash\nvllm serve {args.repo}\n```\n\ndraftsmith:\n\n{args.generate}"
     )

@@ -1,6 +1,5 @@
 """The Medusa head kind: what runtime/heads/head_kinds.py registers for `medusa` (runtime/heads/head_kind.py
-says what
-a kind declares).
+says what a kind declares).
 
     heads, options = KIND.load_draft("runs/medusa/final", target)   # --draft medusa:DIR
     KIND.parse_tree("runs/medusa/final", "sparse:15")     # --tree: cartesian:K1,.. and sparse:N too
@@ -8,8 +7,7 @@ a kind declares).
 
 The heads are runtime/heads/medusa.py, their drafter runtime/drafters/medusa_drafter.py, their trees
 runtime/heads/medusa_tree.py, vLLM's and FasterDecoding's layouts runtime/heads/medusa_layout.py; this file
-ties them
-together and holds the `head:` section of a train config (the trainer's objective is
+ties them together and holds the `head:` section of a train config (the trainer's objective is
 train/objectives/medusa_objective.py), the export writer and the model card's serve text. Heavy modules are
 imported inside the functions that use them.
 """
@@ -18,25 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from draftsmith.runtime.errors import BadInputError, read_json
-from draftsmith.runtime.heads.head_kind import (
-    CONFIG_FILE,
-    DEFAULT_DEPTH,
-    CotrainSection,
-    HeadKind,
-    Layout,
-    LayoutOptions,
-    ServeArgs,
-    VllmServe,
-    Written,
-    check_read_back,
-    lazy_class,
-    lazy_function,
-    plain_load_draft,
-)
+from draftsmith.runtime.heads.head_folder import CONFIG_FILE
+from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH, CotrainSection, HeadKind, Layout, VllmServe
+from draftsmith.runtime.heads.kind_parts import checked_export, lazy_class, lazy_function
 from draftsmith.runtime.heads.medusa import MAX_HEADS
+
+if TYPE_CHECKING:  # the layout functions' annotations
+    from draftsmith.runtime.heads.head_kind import LayoutOptions, ServeArgs, Written
 
 VLLM = VllmServe(layout="medusa", method="medusa")
 
@@ -68,12 +57,8 @@ class MedusaSection(CotrainSection):
         super().validate()
         if not 1 <= self.num_heads <= MAX_HEADS:
             raise BadInputError("head.num_heads", self.num_heads, f"an integer in [1, {MAX_HEADS}]")
-        if self.num_layers < 0:
-            raise BadInputError("head.num_layers", self.num_layers, "an integer >= 0")
-        if self.cotrain_weight_warmup_steps < 0:
-            raise BadInputError(
-                "head.cotrain_weight_warmup_steps", self.cotrain_weight_warmup_steps, "an integer >= 0"
-            )
+        self.check_at_least("num_layers", 0)
+        self.check_at_least("cotrain_weight_warmup_steps", 0)
         if self.calibration_topk < 1 or self.calibration_rows < 0:
             raise BadInputError(
                 "head.calibration_topk/rows", [self.calibration_topk, self.calibration_rows], ">= 1 / >= 0"
@@ -82,12 +67,8 @@ class MedusaSection(CotrainSection):
 
     def head_options(self) -> dict:
         """MedusaConfig.for_target's keywords besides the head count (trainer and preflight alike)."""
-        return dict(
-            num_layers=self.num_layers,
-            original_lm_head=self.original_lm_head,
-            fc_bias=self.fc_bias,
-            draft_vocab_size=self.draft_vocab_size if self.reduce_vocab else None,
-        )
+        vocab = self.draft_vocab_size if self.reduce_vocab else None
+        return {**self.keywords("num_layers", "original_lm_head", "fc_bias"), "draft_vocab_size": vocab}
 
 
 # ---- drafting ---------------------------------------------------------------------------------------------
@@ -141,7 +122,6 @@ def write_vllm_layout(folder: Path, out: Path, options: LayoutOptions) -> Writte
     heads = MedusaHeads.from_pretrained(folder, target)
     write_vllm(heads, target, out)
     back = read_any(out, target)
-    check_read_back(back, heads.state_dict(), heads.config, "medusa", whose="heads'")
     c = heads.config
     lm = "a copy of the target's LM head (shared in training)" if c.original_lm_head else "own LM heads"
     details = [
@@ -150,7 +130,7 @@ def write_vllm_layout(folder: Path, out: Path, options: LayoutOptions) -> Writte
         + (" (`token_map`)" if c.out_vocab < c.vocab_size else ""),
     ]
     tensors = {k: v for k, v in back.state_dict().items() if k.startswith(("blocks.", "lm_heads."))}
-    return Written.of_head(c, tensors, details)
+    return checked_export(back, heads, tensors, "medusa", details, whose="heads'")
 
 
 # ---- the model card's serve texts -------------------------------------------------------------------------
@@ -170,12 +150,11 @@ KIND = HeadKind(
     "too",
     module_class=lazy_class("draftsmith.runtime.heads.medusa", "MedusaHeads"),
     section=MedusaSection,
-    load_draft=plain_load_draft(read_any),
+    read=read_any,
     spec="medusa:DIR",
     layouts={
         "medusa": Layout(
             write=write_vllm_layout,
-            read=read_any,
             serve=serve_vllm,
             reads="target",
             about="vLLM's `method: medusa` layout (MedusaModel: blocks.K.layers.J, lm_heads.K or one shared "

@@ -1,6 +1,5 @@
 """The MTP head kind: what runtime/heads/head_kinds.py registers for `mtp` (runtime/heads/head_kind.py says
-what a
-kind declares).
+what a kind declares).
 
     head, options = KIND.load_draft("runs/mtp/final#recursive", target)   # --draft mtp:DIR#recursive
     KIND.all_layouts()["mtp-mimo"].write(head_folder, out, LayoutOptions())
@@ -27,17 +26,14 @@ from draftsmith.runtime.heads.head_kind import (
     CotrainSection,
     HeadKind,
     Layout,
-    LayoutOptions,
-    ServeArgs,
     VllmServe,
     Written,
-    lazy_class,
-    lazy_function,
 )
+from draftsmith.runtime.heads.kind_parts import lazy_class, lazy_function
 from draftsmith.runtime.heads.mtp_config import MAX_MODULES
 
-if TYPE_CHECKING:
-    pass
+if TYPE_CHECKING:  # the layout functions' annotations
+    from draftsmith.runtime.heads.head_kind import LayoutOptions, ServeArgs
 
 log = logging.getLogger(__name__)
 VLLM = VllmServe(layout="mtp-mimo", method="mtp", in_target=True)  # the target written with the module
@@ -81,20 +77,12 @@ class MtpSection(CotrainSection):
         )
 
 
-def _folder_and_option(arg: str) -> tuple[str, bool]:
+def draft_arg(arg: str) -> tuple[str, dict]:
+    """`DIR` or `DIR#recursive` -> (DIR, the drafter's {"recursive": ...}: the last module may recurse)."""
     folder, _, option = arg.partition("#")
     if option not in ("", "recursive"):
         raise BadInputError("--draft", f"mtp:{arg}", "mtp:DIR or mtp:DIR#recursive")
-    return folder, option == "recursive"
-
-
-def load_draft(arg: str, target):
-    """`mtp:DIR[#recursive]` -> the head and {"recursive": ...} (the last module may recurse)."""
-    from draftsmith.runtime.heads.mtp import load_head
-
-    folder, recursive = _folder_and_option(arg)
-    head = load_head(folder, target).to(device=target.device, dtype=target.dtype)
-    return head, {"recursive": recursive}
+    return folder, {"recursive": option == "recursive"}
 
 
 def default_depth(arg: str) -> int | None:
@@ -229,12 +217,12 @@ KIND = HeadKind(
     "mtp:DIR#recursive to reuse the last module deeper",
     module_class=lazy_class("draftsmith.runtime.heads.mtp", "MtpHead"),
     section=MtpSection,
-    load_draft=load_draft,
+    read=read_any,
+    draft_arg=draft_arg,
     spec="mtp:DIR[#recursive]",
     layouts={
         "mtp": Layout(
             write=write_deepseek,
-            read=read_any,
             serve=serve_deepseek,
             reads="target",
             about="MTP modules in DeepSeek's layout: the target plus layers L..L+M-1 and "
@@ -242,7 +230,6 @@ KIND = HeadKind(
         ),
         "mtp-mimo": Layout(
             write=write_mimo,
-            read=read_any,
             serve=serve_mimo,
             reads="target",
             about="one MTP module in MiMo's layout (the target as MiMoForCausalLM: Qwen2 with zero q/k/v "

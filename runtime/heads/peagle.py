@@ -81,10 +81,7 @@ class PEagleHead(Eagle3Head):
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, target=None) -> PEagleHead:
-        return load_head(folder, target)
-
-    def save_pretrained(self, folder: str | Path) -> None:
-        save_head(self, folder)
+        return load_head(folder, target)  # save_pretrained is EAGLE-3's: it saves the config's head_type
 
 
 # ---- files --------------------------------------------------------------------------------------------

@@ -31,25 +31,13 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from draftsmith.runtime.core.artifacts import (
-    load_tensors,
-)
+from draftsmith.runtime.core.artifacts import load_tensors
 from draftsmith.runtime.errors import BadInputError, read_json
-from draftsmith.runtime.heads.head_kind import (
-    HeadKind,
-    HeadSection,
-    Layout,
-    LayoutOptions,
-    ServeArgs,
-    VllmServe,
-    Written,
-    lazy_class,
-    plain_load_draft,
-    serve_speculators,
-    write_checked,
-)
+from draftsmith.runtime.heads.head_kind import HeadKind, HeadSection, Layout, VllmServe
+from draftsmith.runtime.heads.kind_parts import lazy_class, serve_speculators, write_checked
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only
+    from draftsmith.runtime.heads.head_kind import LayoutOptions, ServeArgs, Written
     from draftsmith.runtime.heads.peagle import PEagleHead
 
 # vLLM's EAGLE-3 proposer drafting the block in parallel
@@ -71,13 +59,12 @@ class PEagleSection(HeadSection):
             raise BadInputError("head.block_size", self.block_size, "an integer >= 2 (tokens per forward)")
         if self.block_size > 16:
             raise BadInputError("head.block_size", self.block_size, "an integer in [2, 16]")
-        if self.num_layers < 1:
-            raise BadInputError("head.num_layers", self.num_layers, "an integer >= 1")
+        self.check_at_least("num_layers", 1)
         return self
 
     def head_options(self) -> dict:
-        """PEagleConfig.for_target's keywords (the trainer and the memory preflight build the same head)."""
-        return dict(block_size=self.block_size, mask_token_id=self.mask_token_id, num_layers=self.num_layers)
+        """PEagleConfig.for_target's keywords."""
+        return self.keywords("block_size", "mask_token_id", "num_layers")
 
 
 # ---- drafting ---------------------------------------------------------------------------------------------
@@ -189,15 +176,15 @@ def _tokens(head: PEagleHead, options: LayoutOptions) -> int:
     return k
 
 
-def _write(head: PEagleHead, config: dict, tensors: dict, out: Path, what: str) -> Written:
-    write_checked(out, config, tensors, read_any, head.state_dict(), head.config, f"peagle {what}")
+def _write(head: PEagleHead, layout: tuple[dict, dict], out: Path, what: str) -> Written:
+    """Write the layout, read it back as `--draft peagle:DIR` does, compare with the head."""
     c = head.config
     details = [
         f"block: {c.block_size} tokens per forward; mask token id {c.mask_token_id} (its embedding row)",
         f"aux layers (0-based decoder-layer outputs): {c.aux_layer_ids}",
         f"draft vocabulary: {c.draft_vocab_size} of {c.vocab_size} target tokens (`d2t`)",
     ]
-    return Written.of_head(c, tensors, details)
+    return write_checked(out, head, layout, read_any, f"peagle {what}", details)
 
 
 def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -206,7 +193,7 @@ def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Writte
     head = load_head(folder)
     embed, architectures = _embedding_with_mask(head, options)
     config = to_speculators_peagle(head, options, embed, architectures)
-    return _write(head, config, engine_tensors(head, "speculators", embed), out, "speculators")
+    return _write(head, (config, engine_tensors(head, "speculators", embed)), out, "speculators")
 
 
 def write_vllm(folder: Path, out: Path, options: LayoutOptions) -> Written:
@@ -215,7 +202,7 @@ def write_vllm(folder: Path, out: Path, options: LayoutOptions) -> Written:
     head = load_head(folder)
     _tokens(head, options)
     embed, _ = _embedding_with_mask(head, options)
-    return _write(head, to_vllm_peagle(head, options), engine_tensors(head, "vllm", embed), out, "vllm")
+    return _write(head, (to_vllm_peagle(head, options), engine_tensors(head, "vllm", embed)), out, "vllm")
 
 
 # ---- engines -> ours --------------------------------------------------------------------------------------
@@ -278,12 +265,11 @@ KIND = HeadKind(
     about="a P-EAGLE head drafting K tokens per forward: our folder, speculators' or vLLM's layout",
     module_class=lazy_class("draftsmith.runtime.heads.peagle", "PEagleHead"),
     section=PEagleSection,
-    load_draft=plain_load_draft(read_any),
+    read=read_any,
     spec="peagle:DIR",
     layouts={
         "speculators": Layout(
             write=write_speculators,
-            read=read_any,
             serve=partial(serve_speculators, note=", drafts in parallel"),
             reads="verifier",
             about="speculators' peagle folder (layers.0.*, mask_hidden, embed_tokens carrying the mask row): "
@@ -291,7 +277,6 @@ KIND = HeadKind(
         ),
         "vllm": Layout(
             write=write_vllm,
-            read=read_any,
             serve=serve_vllm,
             reads="verifier",
             about="vLLM's own EAGLE-3 folder with mask_token_id, mask_hidden and embed_tokens: "
