@@ -32,7 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the worker's own folder, even with -P
-from jsonl_channel import error_reply, protocol_channel, send, serve_requests  # noqa: E402
+from jsonl_channel import protocol_channel, serve_engine, start_engine  # noqa: E402
 
 WARMUP_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 # llama.cpp's `general.file_type` values (enum llama_ftype) for the precisions GGUF files usually carry
@@ -116,30 +116,20 @@ def serve(llm, request: dict) -> dict:
     }
 
 
-def start(args, channel):
-    """Load the model and warm it up; answer ready (-> the model) or an error (-> None)."""
-    try:
-        import llama_cpp
+def warm_up(llm) -> None:
+    serve(llm, {"prompts": [WARMUP_PROMPT], "max_new_tokens": 4})
 
-        t0 = time.perf_counter()
-        llm = build_llm(args)
-        init_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        serve(llm, {"prompts": [WARMUP_PROMPT], "max_new_tokens": 4})
-        ready = {
-            "ready": True,
-            "llama_cpp_version": llama_cpp.__version__,
-            "file_type": file_type(llm),
-            "n_threads": args.threads,
-            "lookup": args.lookup,
-            "init_s": round(init_s, 3),
-            "warmup_s": round(time.perf_counter() - t0, 3),
-        }
-    except Exception as err:
-        send(channel, error_reply(err))
-        return None
-    send(channel, ready)
-    return llm
+
+def describe(llm, args) -> dict:
+    """The ready line's facts: llama-cpp-python's version, the weights' precision, threads, lookup."""
+    import llama_cpp
+
+    return {
+        "llama_cpp_version": llama_cpp.__version__,
+        "file_type": file_type(llm),
+        "n_threads": args.threads,
+        "lookup": args.lookup,
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -154,11 +144,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     channel = protocol_channel()
-    llm = start(parse_args(argv), channel)
-    if llm is None:
-        return 3
-    serve_requests(channel, lambda request: serve(llm, request))
-    return 0
+    args = parse_args(argv)
+    llm = start_engine(channel, lambda: build_llm(args), lambda llm: describe(llm, args), warm_up)
+    return serve_engine(channel, llm, serve)
 
 
 if __name__ == "__main__":

