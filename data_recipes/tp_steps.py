@@ -25,39 +25,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed
 
 from draftsmith.data_recipes.parts import check_shard_args, require_whole
+from draftsmith.runtime.core.launch import (
+    DEFAULT_TIMEOUT_S,
+    Launch,
+    check_timeout,
+    process_group,
+    rank_device,
+    waiting,
+)
 from draftsmith.runtime.core.placement import Layout, check_placement, driving, follow
-from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
+from draftsmith.runtime.errors import BadInputError, renamed_fields
 
 log = logging.getLogger("draftsmith")
-TIMEOUT_FLAG = "--process-group-timeout-s"
-DEFAULT_TIMEOUT_S = 1800  # train.process_group_timeout_s's default (NCCL's own is 600 s)
 FLAGS = {"target_placement": "--target-placement", "tp_size": "--tp-size", "ep_size": "--ep-size"}
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What the launcher (torchrun, accelerate launch) says about this process; world 1 without one."""
-
-    world: int = 1
-    rank: int = 0
-    local_rank: int = 0
-    local_world: int = 1
-
-    @classmethod
-    def from_env(cls) -> Launch:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-        return cls(world, rank, local_rank, local_world)
 
 
 @dataclass(frozen=True)
@@ -98,9 +85,7 @@ def plan_step(args, launch: Launch, step: str) -> StepPlan:
     placement, tp_size = getattr(args, "target_placement", "replicate"), getattr(args, "tp_size", None)
     ep_size = getattr(args, "ep_size", None)
     size = ep_size if placement == "ep" else tp_size
-    timeout = getattr(args, "process_group_timeout_s", DEFAULT_TIMEOUT_S)
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
-        raise BadInputError(TIMEOUT_FLAG, timeout, "seconds >= 1")
+    check_timeout(getattr(args, "process_group_timeout_s", DEFAULT_TIMEOUT_S))
     if placement in ("tp", "ep") and launch.world == 1 and size != 1:
         raise BadInputError(
             "--target-placement",
@@ -123,13 +108,6 @@ def plan_step(args, launch: Launch, step: str) -> StepPlan:
     return StepPlan(layout, shards, index, rank_device(args.device, launch))
 
 
-def rank_device(device: str, launch: Launch) -> str:
-    """The device of this rank: under a launcher, `auto` or `cuda` means the GPU of its local rank."""
-    if launch.world > 1 and device in ("auto", "cuda") and torch.cuda.is_available():
-        return f"cuda:{launch.local_rank}"
-    return device
-
-
 def run_step(args, step: str, work: Callable) -> dict | None:
     """Run `work(target, num_shards, shard_index)` (the step on a loaded target; returns its record) on
     this rank's share: the whole step in one process; under a launcher, the group's part on the group's
@@ -138,7 +116,8 @@ def run_step(args, step: str, work: Callable) -> dict | None:
     plan = plan_step(args, launch, step)
     if launch.world == 1:
         return work(load_target(args, plan), plan.num_shards, plan.shard_index)
-    with process_group(plan, args):
+    timeout_s = getattr(args, "process_group_timeout_s", DEFAULT_TIMEOUT_S)
+    with process_group(plan.device, timeout_s):
         target = load_target(args, plan)
         if plan.layout.rank == 0:
             log.info(
@@ -153,12 +132,12 @@ def run_step(args, step: str, work: Callable) -> dict | None:
             )
         record = None
         if not plan.leader:
-            with waiting(args, plan, "the next call of its group's rank 0"):
+            with waiting(plan.layout.rank, timeout_s, "the next call of its group's rank 0"):
                 follow(target)
         else:
             with driving(target) if target.tp_size > 1 else contextlib.nullcontext():
                 record = work(target, plan.num_shards, plan.shard_index)
-        with waiting(args, plan, "every group's part"):
+        with waiting(plan.layout.rank, timeout_s, "every group's part"):
             torch.distributed.barrier()
         if plan.layout.rank == 0 and plan.num_shards > 1:
             report_whole(args.out, step, plan.num_shards)
@@ -170,48 +149,6 @@ def load_target(args, plan: StepPlan):
 
     layout = plan.layout if plan.layout.tp > 1 else None  # tp 1: the whole target (a plain load)
     return Target.load(args.target, device=plan.device, dtype=args.dtype, layout=layout)
-
-
-@contextlib.contextmanager
-def process_group(plan: StepPlan, args):
-    """The default process group for the launch (NCCL on GPUs, gloo on CPUs) with the timeout; destroyed
-    at the end, also on an error (gloo may hang at interpreter exit with a live group)."""
-    dist = torch.distributed
-    on_gpu = plan.device.startswith("cuda")
-    if on_gpu:
-        torch.cuda.set_device(torch.device(plan.device))
-    seconds = getattr(args, "process_group_timeout_s", DEFAULT_TIMEOUT_S)
-    dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timedelta(seconds=seconds))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def waiting(args, plan: StepPlan, what: str):
-    """A wait on other ranks; one that times out is a BadInputError naming the timeout flag."""
-    try:
-        yield
-    except RuntimeError as err:  # gloo: "Timed out waiting 3000ms for recv operation to complete"
-        raise wait_error(plan.layout.rank, args, what, err) from err
-
-
-def wait_error(rank: int, args, what: str, err: Exception) -> DraftsmithError:
-    text = str(err).strip()
-    reason = text.splitlines()[-1] if text else type(err).__name__
-    if "timed out" not in text.lower() and "timeout" not in text.lower():
-        return DraftsmithError(
-            f"rank {rank}: waiting for {what} failed ({reason}); another rank probably failed first "
-            "(its error is above)"
-        )
-    seconds = getattr(args, "process_group_timeout_s", DEFAULT_TIMEOUT_S)
-    return BadInputError(
-        TIMEOUT_FLAG,
-        seconds,
-        f"more seconds than the wait for {what}",
-        f"rank {rank} waited {seconds} s: {reason}; raise {TIMEOUT_FLAG}",
-    )
 
 
 def report_whole(out, step: str, count: int) -> None:

@@ -7,7 +7,10 @@
   `target_parts` (offline training's embedding, norm and LM head alone), `checkpoint_index` (where each
   tensor of a sharded checkpoint lives; `block_fp8`: DeepSeek-V3's block-scaled FP8 read dequantized),
   `placement` (the frozen target whole on every rank, tensor or expert parallel), `placement_moe` (its
-  split of MoE experts), `transformers_range` (the transformers releases those splits are tested on);
+  split of MoE experts), `transformers_range` (the transformers releases those splits are tested on),
+  `launch` (what torchrun says, the process group and waits on other ranks), `split_run` (a verb's work
+  on rank 0 of a split target, the other ranks replaying its calls), `collectives` (the all-reduces,
+  broadcasts and gathers a process issues, and their bytes, by phase);
 - caches and attention: `kv_cache`, `masks`, `kernel_attention` (tree attention through draftsmith.kernels),
   `mla` (what an MLA target's cache holds: a latent and a rope key of two widths);
 - `quantize`: weight-only int8/int4 (CPU) and fp8 (CUDA) linears for the target and for drafts;

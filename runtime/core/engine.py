@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
+from draftsmith.runtime.core.collectives import CollectiveCounter, maybe_phase
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.static_forward import causal, static_forward, static_session
 from draftsmith.runtime.core.target import Target
@@ -109,14 +110,16 @@ def generate_plain(
     batch_size: int = 1,
     progress: bool = False,
     static: bool = False,
+    collectives: CollectiveCounter | None = None,
 ) -> list[GenerationResult]:
     """Decode every prompt (token ids); rows are grouped into batches of `batch_size` in order. `static`
-    runs the target on a preallocated cache with CUDA graphs (runtime/core/static_forward.py)."""
+    runs the target on a preallocated cache with CUDA graphs (runtime/core/static_forward.py); a
+    `collectives` counter counts each step's (a split target's) as the phase "step"."""
     results: list[GenerationResult] = []
     for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, "generate"):
         generators = None if params.greedy else make_generators(seed, rows, target.device)
         batch = [prompts[r] for r in rows]
-        results += decode_batch(target, batch, params, max_new_tokens, generators, static)
+        results += decode_batch(target, batch, params, max_new_tokens, generators, static, collectives)
     return results
 
 
@@ -191,6 +194,7 @@ def decode_batch(
     max_new_tokens: int,
     generators: list[torch.Generator] | None,
     static: bool = False,
+    collectives: CollectiveCounter | None = None,
 ) -> list[GenerationResult]:
     start_time = time.perf_counter()
     device, batch = target.device, len(prompts)
@@ -217,11 +221,12 @@ def decode_batch(
             break
         # Finished rows keep stepping on their last token (fixed batch shape); their outputs are unused.
         step_ids = torch.tensor([[t[-1]] for t in tokens], device=device)  # [B, 1]
-        if step is None:
-            logits = target.logits(target.forward(step_ids, cache, next_pos).hidden[:, -1])
-        else:
-            logits = step(step_ids, next_pos, every, self_only)[0][:, -1]  # graph replay on CUDA
-            cache.advance(1)
+        with maybe_phase(collectives, "step"):
+            if step is None:
+                logits = target.logits(target.forward(step_ids, cache, next_pos).hidden[:, -1])
+            else:
+                logits = step(step_ids, next_pos, every, self_only)[0][:, -1]  # graph replay on CUDA
+                cache.advance(1)
         next_pos = next_pos + 1
         for i in range(batch):
             forwards[i] += not finish[i]

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -350,7 +349,9 @@ def placement_shard_fraction(config, tp: int, placement: str = "tp") -> float:
 
 
 # ---- one rank drives, the others of its group follow --------------------------------------------------
-MIRRORED_CACHES = 2  # a follower holds the caches of the driver's last two new_cache calls
+# A follower holds a copy of each cache the driver holds; one the driver frees goes with its next message
+# ("drop"), so between two messages a follower may hold one cache more (the preflight's allowance).
+MIRRORED_CACHES = 2
 # KVCache methods that change a cache outside forward (runtime/core/kv_cache.py): a driven cache sends each
 # call to the followers, which apply it to their copy (compact's own crop is not sent again)
 RELAYED_CACHE_OPS = ("crop", "compact", "keep_prefixes", "retain")
@@ -377,16 +378,31 @@ class Channel:
         self.src = dist.get_global_rank(self.group, 0)
         self.device = target.device if target.device.type == "cuda" else None  # NCCL moves bytes on GPU
         self.open = True  # until the driver releases the followers: a cache used after that sends nothing
+        self.pending: list[tuple] = []  # cache changes not sent yet: they travel with the next call
 
     def send(self, *message) -> None:
+        """One broadcast per forward (or new cache, stop, error), carrying the cache changes made since
+        the last one: a speculative cycle's compaction rides with the next cycle's verify forward (and its
+        draft tokens), so a cycle costs the group one message, as plain decoding's step does."""
+        if message[0] == "cache":
+            self.pending.append(message)
+            return
+        batch, self.pending = [*self.pending, message], []
         self.dist.broadcast_object_list(
-            [_to(message, "cpu")], src=self.src, group=self.group, device=self.device
+            [_to(batch, "cpu")], src=self.src, group=self.group, device=self.device
         )
 
-    def receive(self) -> tuple:
+    def receive(self) -> list[tuple]:
         box = [None]
         self.dist.broadcast_object_list(box, src=self.src, group=self.group, device=self.device)
         return box[0]
+
+    def mirror(self, cache, args: tuple) -> None:
+        """A new cache made with `args` (target.new_cache's): the followers make theirs, its changes reach
+        them (relay_cache_ops), and its end too: freed here, dropped there with the next message."""
+        self.send("new_cache", id(cache), 0, args, {})
+        self.relay_cache_ops(cache)
+        weakref.finalize(cache, self.pending.append, ("drop", id(cache), 0, None, None))
 
     def relay_cache_ops(self, cache) -> None:
         """Make `cache`'s RELAYED_CACHE_OPS send themselves to the followers before they run here; a call
@@ -410,6 +426,15 @@ class Channel:
         for name in RELAYED_CACHE_OPS:
             if hasattr(type(cache), name):
                 setattr(cache, name, relayed(name, getattr(type(cache), name)))
+        cache.__copy__ = cache.__deepcopy__ = uncopyable  # a copy's calls would reach this cache's relay
+
+
+def uncopyable(*_):
+    raise DraftsmithError(
+        "a KV cache mirrored on the tensor-parallel group cannot be copied: its copy would exist on rank 0 "
+        "only (SSD's branches copy their drafter's caches); speculate with a drafter at TP = 1 (a head, "
+        "model:DIR, the drafter process), not self:layers=N, on a split target"
+    )
 
 
 @contextlib.contextmanager
@@ -433,28 +458,33 @@ def driving(target):
 def follow(target) -> None:
     """On the other ranks of a TP group: replay the driver's calls until it stops; raise if it failed."""
     channel = Channel(target)
-    caches: OrderedDict[int, object] = OrderedDict()
+    caches: dict[int, object] = {}  # the driver's cache ids -> this rank's copies
     while True:
-        kind, *payload = channel.receive()
-        if kind == "stop":
-            return
-        if kind == "error":
-            raise DraftsmithError(f"the tensor-parallel group's rank 0 failed: {payload[0]}")
-        key, length, args, kwargs = payload
-        if kind == "new_cache":
-            caches[key] = target.new_cache(*args, **kwargs)
-            while len(caches) > MIRRORED_CACHES:
-                caches.popitem(last=False)
-            continue
-        cache = caches.get(key)
-        if cache is None or cache.length != length:
-            raise DraftsmithError(
-                f"a driven {kind} on a KV cache this rank does not mirror (more than {MIRRORED_CACHES} "
-                "caches in use, or one changed outside forward by a method that is not relayed)"
-            )
-        if kind == "cache":  # crop, compact, keep_prefixes or retain, as the driver called it
-            name, op_args = args
-            with torch.inference_mode():  # the cache's tensors are inference tensors (made in forward)
-                getattr(cache, name)(*_to(op_args, target.device), **_to(kwargs, target.device))
-            continue
-        target.forward(*_to(args, target.device), cache, **_to(kwargs, target.device))
+        for kind, *payload in channel.receive():
+            if kind == "stop":
+                return
+            if kind == "error":
+                raise DraftsmithError(f"the tensor-parallel group's rank 0 failed: {payload[0]}")
+            replay(target, caches, kind, *payload)
+
+
+def replay(target, caches: dict, kind: str, key: int, length: int, args, kwargs) -> None:
+    """Run one of the driver's calls here: a new cache, a cache change, or a forward."""
+    if kind == "new_cache":
+        caches[key] = target.new_cache(*args, **kwargs)
+        return
+    if kind == "drop":  # the driver freed it
+        caches.pop(key, None)
+        return
+    cache = caches.get(key)
+    if cache is None or cache.length != length:
+        raise DraftsmithError(
+            f"a driven {kind} on a KV cache this rank does not mirror (one changed outside forward by a "
+            "method that is not relayed)"
+        )
+    if kind == "cache":  # crop, compact, keep_prefixes or retain, as the driver called it
+        name, op_args = args
+        with torch.inference_mode():  # the cache's tensors are inference tensors (made in forward)
+            getattr(cache, name)(*_to(op_args, target.device), **_to(kwargs, target.device))
+        return
+    target.forward(*_to(args, target.device), cache, **_to(kwargs, target.device))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from draftsmith.runtime.core.collectives import CollectiveCounter
 from draftsmith.runtime.core.cycle_timing import PhaseClock
 from draftsmith.runtime.core.engine import (
     GenerationResult,
@@ -61,13 +62,14 @@ def generate_speculative(
     policy: LoadAwareDepth | None = None,
     static: bool = False,
     sync_timing: bool = False,
+    collectives: CollectiveCounter | None = None,
 ) -> list[GenerationResult]:
     """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order.
     With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step).
     `static` verifies on a preallocated cache with CUDA graphs (runtime/core/static_forward.py); rows then
     stay in the batch until all finish (fixed shapes), their late outputs ignored. Each cycle's draft and
     verify time is recorded per row (`sync_timing`: synchronize CUDA at the phase boundaries,
-    runtime/core/cycle_timing.py)."""
+    runtime/core/cycle_timing.py); a `collectives` counter counts each phase's (a split target's)."""
     results: list[GenerationResult] = []
     desc = f"generate ({drafter.name})"
     for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, desc):
@@ -77,7 +79,17 @@ def generate_speculative(
             draft_gens = make_generators(seed + DRAFT_SEED_SALT, rows, target.device)
         batch = [prompts[r] for r in rows]
         results += speculate_batch(
-            target, drafter, batch, params, max_new_tokens, gens, draft_gens, policy, static, sync_timing
+            target,
+            drafter,
+            batch,
+            params,
+            max_new_tokens,
+            gens,
+            draft_gens,
+            policy,
+            static,
+            sync_timing,
+            collectives,
         )
     return results
 
@@ -122,8 +134,9 @@ def speculate_batch(
     policy: LoadAwareDepth | None = None,
     static: bool = False,
     sync_timing: bool = False,
+    collectives: CollectiveCounter | None = None,
 ) -> list[GenerationResult]:
-    start_time, clock = time.perf_counter(), PhaseClock(target.device, sync_timing)
+    start_time, clock = time.perf_counter(), PhaseClock(target.device, sync_timing, collectives)
     budget, layers = token_budgets(target, prompts, max_new_tokens), drafter.capture_layers
     extra = static_capacity(drafter.tree, len(prompts), max(budget)) if static else max(budget) + 64
     cache, logits, features = prefill_features(target, prompts, extra, layers, static)
@@ -144,21 +157,23 @@ def speculate_batch(
             drafter.retain(running)
             generators = None if generators is None else [generators[i] for i in running]
             active, running = [active[i] for i in running], list(range(len(running)))
-        contexts, before, draft_s = rows.contexts(active), drafter.forwards, clock.now()
-        depth = policy.choose(len(running)) if policy is not None else None
-        batch = propose(drafter, contexts, depth, target.device)
-        batch = batch.only_roots([i for i in range(len(active)) if i not in running])
-        draft_s, verify_s = clock.since(draft_s), clock.now()
-        got, features = verify(target, cache, batch, contexts, params, generators, layers, forward)
-        verify_s, commit_s = clock.since(verify_s), clock.now()
+        contexts, before = rows.contexts(active), drafter.forwards
+        with clock.phase("draft"):
+            depth = policy.choose(len(running)) if policy is not None else None
+            batch = propose(drafter, contexts, depth, target.device)
+            batch = batch.only_roots([i for i in range(len(active)) if i not in running])
+        with clock.phase("verify"):
+            got, features = verify(target, cache, batch, contexts, params, generators, layers, forward)
         accepted = [v.accepted for v in got.verdicts]
-        if depth == 0:
-            drafter.skip(features)  # the drafter catches up at its next proposal
-        else:
-            drafter.commit(accepted, features, got.fetched)
-        times = (draft_s + clock.since(commit_s), verify_s)  # the drafter's rollback counts as drafting
+        with clock.phase("rollback", tally="draft"):  # the drafter's rollback counts as drafting
+            if depth == 0:
+                drafter.skip(features)  # the drafter catches up at its next proposal
+            else:
+                drafter.commit(accepted, features, got.fetched)
+        lap = clock.lap()
+        times = (lap["draft"] + lap["rollback"], lap["verify"])
         if policy is not None:
-            policy.observe(len(running), depth, [len(accepted[i]) for i in running], draft_s)
+            policy.observe(len(running), depth, [len(accepted[i]) for i in running], lap["draft"])
         for i, r in enumerate(active):
             if not rows.results[r].finish_reason:
                 record_cycle(

@@ -256,8 +256,7 @@ class Target(TargetPieces):
         layers = num_layers or self.num_layers
         cache = cache_class(layers, batch, heads, key_dim, capacity, self.dtype, self.device, value_dim)
         if self.driver is not None:  # the TP group's other ranks make the same cache (placement.follow)
-            self.driver.send("new_cache", id(cache), 0, (batch, capacity, num_layers, cache_class), {})
-            self.driver.relay_cache_ops(cache)  # its crop/compact/... reach the other ranks' copies too
+            self.driver.mirror(cache, (batch, capacity, num_layers, cache_class))  # its changes and end too
         return cache
 
     # ---- the forward -------------------------------------------------------------------------------

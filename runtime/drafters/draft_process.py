@@ -6,8 +6,9 @@
 
 The target's process (rank 0) runs the engine with this proxy; a second process (rank 1, started here with
 `python -m draftsmith.runtime.drafters.draft_process CONFIG`) loads the target's tokenizer and the drafter
-on its own device at tensor-parallel size 1 and serves it over torch.distributed (gloo; the messages are
-small: tokens, accepted node ids, and the laws q of sampled drafts). One cycle:
+on its own device at tensor-parallel size 1 and serves it over a gloo pair of their own (`Link`: never the
+default process group, which a split target's tensor-parallel group holds; the messages are small: tokens,
+accepted node ids, and the laws q of sampled drafts). One cycle:
 
     target:   send (accepted ids of the last verdict, contexts) -> wait for drafts -> verify ... -> send ...
     drafter:  recv -> hit: cached draft / miss: commit + propose -> send drafts -> pre-speculate (SSD) -> recv
@@ -27,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import threading
@@ -85,21 +85,45 @@ def check_process_spec(spec: str) -> str:
 
 
 # ---- messages: pickled objects as uint8 tensors, length first ------------------------------------------
-def send_obj(obj, dst: int) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    dist.send(torch.tensor([len(data)], dtype=torch.long), dst)
-    dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), dst)
+class Link:
+    """The target's process (rank 0) and the drafter process (rank 1): a gloo pair of their own, never the
+    default process group (a split target's tensor-parallel group holds that one)."""
 
+    def __init__(self, store: dist.Store, rank: int, timeout_s: float):
+        self.group = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=timeout_s))
+        self.peer = 1 - rank
 
-def recv_obj(src: int, size: torch.Tensor | None = None):
-    """The next object from `src`; `size` when its length has already arrived (an `irecv` polled while
-    speculating)."""
-    if size is None:
-        size = torch.zeros(1, dtype=torch.long)
-        dist.recv(size, src)
-    buf = torch.empty(int(size), dtype=torch.uint8)
-    dist.recv(buf, src)
-    return pickle.loads(buf.numpy().tobytes())  # our own peer: a trusted process we started
+    @staticmethod
+    def serve_store(timeout_s: float) -> dist.TCPStore:
+        """Rank 0's rendezvous on a free port (`.port`), before the drafter process starts."""
+        return dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=timeout_s), wait_for_workers=False)
+
+    @staticmethod
+    def join(port: int, timeout_s: float) -> Link:
+        store = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=timeout_s))
+        return Link(store, 1, timeout_s)
+
+    def send(self, obj) -> None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        self.group.send([torch.tensor([len(data)], dtype=torch.long)], self.peer, 0).wait()
+        self.group.send([torch.frombuffer(bytearray(data), dtype=torch.uint8)], self.peer, 0).wait()
+
+    def recv(self, size: torch.Tensor | None = None):
+        """The next object; `size` when its length has already arrived (`recv_size`, polled while
+        speculating)."""
+        if size is None:
+            size = torch.zeros(1, dtype=torch.long)
+            self.recv_size(size).wait()
+        buf = torch.empty(int(size), dtype=torch.uint8)
+        self.group.recv([buf], self.peer, 0).wait()
+        return pickle.loads(buf.numpy().tobytes())  # our own peer: a trusted process we started
+
+    def close(self) -> None:
+        """Shut the pair down now, not at interpreter exit (a gloo pair torn down late can abort)."""
+        self.group.shutdown()
+
+    def recv_size(self, size: torch.Tensor):
+        return self.group.recv([size], self.peer, 0)
 
 
 def pack(draft: Draft) -> tuple:
@@ -124,27 +148,19 @@ class RemoteDrafter(Drafter):
         self.process = self._spawn()
 
     def _spawn(self) -> subprocess.Popen:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cfg = json.dumps(asdict(self.config) | {"port": port})
+        store = Link.serve_store(self.config.timeout_s)
+        cfg = json.dumps(asdict(self.config) | {"port": store.port})
         env = os.environ | {"OMP_NUM_THREADS": str(self.config.threads)}
         proc = subprocess.Popen([sys.executable, "-m", __name__, cfg], env=env)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=0,
-            world_size=2,
-            timeout=timedelta(seconds=self.config.timeout_s),
-        )
+        self.link = Link(store, 0, self.config.timeout_s)  # waits for the drafter process to join
         return proc
 
     def _exchange(self, msg: dict):
         if self.process.poll() is not None:
             raise DraftProcessError(f"the drafter process exited with code {self.process.returncode}")
         try:
-            send_obj(msg, 1)
-            return recv_obj(1)
+            self.link.send(msg)
+            return self.link.recv()
         except (RuntimeError, ConnectionError) as err:  # gloo: peer closed, or the timeout passed
             raise DraftProcessError(f"the drafter process stopped answering ({err})") from err
 
@@ -234,8 +250,9 @@ class RemoteDrafter(Drafter):
                 self.process.kill()
             self.process.wait()
             self.process = None
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if getattr(self, "link", None) is not None:
+            self.link.close()
+            self.link = None
         ours = self._metrics + [self._close_batch()]
         self.metrics = [r | o for r, o in zip(remote, ours, strict=False)] or ours
         return self.metrics
@@ -250,13 +267,13 @@ class Listener(threading.Thread):
     reports `is_completed()` False until waited on, even after the data is in: measured here, torch 2.x;
     a thread blocked in `wait` releases the GIL, so the branches keep running.)"""
 
-    def __init__(self, size: torch.Tensor):
+    def __init__(self, link: Link, size: torch.Tensor):
         super().__init__(daemon=True)
-        self.size, self.arrived = size, threading.Event()
+        self.link, self.size, self.arrived = link, size, threading.Event()
         self.start()
 
     def run(self) -> None:
-        dist.irecv(self.size, 0).wait()
+        self.link.recv_size(self.size).wait()
         self.at = time.perf_counter()
         self.arrived.set()
 
@@ -278,36 +295,26 @@ def serve(cfg: dict) -> None:
     except Exception as err:  # noqa: BLE001 (any load failure ends the generation with its message)
         failure = {"error": f"{type(err).__name__}: {err}"}
     if failure is not None:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=1, world_size=2)
-        recv_obj(0)
-        send_obj(failure, 0)
-        dist.destroy_process_group()
+        link = Link.join(cfg["port"], cfg["timeout_s"])
+        link.recv()
+        link.send(failure)
+        link.close()
         return
     drafter = proto
     if cfg["ssd_fanout"]:
         drafter = SsdDrafter(clone_factory(proto), cfg["depth"], cfg["ssd_fanout"], saguaro=cfg["saguaro"])
         drafter.defer = True  # branches are drafted after the drafts are sent
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{cfg['port']}",
-        rank=1,
-        world_size=2,
-        timeout=timedelta(seconds=cfg["timeout_s"]),
-    )
+    link = Link.join(cfg["port"], cfg["timeout_s"])
     size = None  # a message length already received while speculating
     fetched = None  # the last proposal's `fetched` columns (the drafter's commit reads them)
     with torch.inference_mode():
         while True:
-            msg = recv_obj(0, size)
+            msg = link.recv(size)
             size = None
             if msg["op"] == "stop":
                 ssd = bool(cfg["ssd_fanout"])
-                send_obj(
-                    {
-                        "metrics": drafter.batch_metrics() if ssd else [],
-                        "trace": drafter.trace if ssd else [],
-                    },
-                    0,
+                link.send(
+                    {"metrics": drafter.batch_metrics() if ssd else [], "trace": drafter.trace if ssd else []}
                 )
                 break
             if msg["op"] == "start":
@@ -317,7 +324,7 @@ def serve(cfg: dict) -> None:
                     for g, state in zip(gens, msg["states"], strict=True):
                         g.set_state(state)
                 drafter.start(msg["prompts"], msg["params"], gens)
-                send_obj({"ok": True}, 0)
+                link.send({"ok": True})
                 continue
             if msg["accepted"] is not None:
                 drafter.commit(msg["accepted"], None, fetched)
@@ -327,15 +334,15 @@ def serve(cfg: dict) -> None:
             batch = drafter.propose(msg["contexts"], drafter.tree)
             fetched = None if batch.fetched is None else batch.fetched.tolist()
             drafts = [pack(d) for d in batch.to_drafts()]
-            send_obj({"drafts": drafts, "forwards": drafter.forwards}, 0)
+            link.send({"drafts": drafts, "forwards": drafter.forwards})
             if cfg["ssd_fanout"]:  # while the target verifies; its verdict's arrival stops the branches
                 size = torch.zeros(1, dtype=torch.long)
-                sent, listener = time.perf_counter(), Listener(size)
+                sent, listener = time.perf_counter(), Listener(link, size)
                 drafter.speculate(stop=listener.arrived.is_set if cfg["interrupt"] else None)
                 listener.join()
                 for row in drafter.rows:  # the target's verification + the round trip, as seen from here
                     row.record["window_s"] = listener.at - sent
-    dist.destroy_process_group()
+    link.close()
 
 
 if __name__ == "__main__":

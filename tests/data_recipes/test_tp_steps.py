@@ -34,8 +34,9 @@ from train_data import write_conversations
 from draftsmith.data_recipes.capture import CaptureFolder
 from draftsmith.data_recipes.common import read_record
 from draftsmith.data_recipes.parts import require_whole
-from draftsmith.data_recipes.tp_steps import Launch, plan_step, wait_error
+from draftsmith.data_recipes.tp_steps import plan_step
 from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.core.launch import Launch, wait_error
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.near_tie import first_mismatch
 
@@ -219,10 +220,9 @@ def test_groups_make_their_parts_and_combine_with_explicit_shards(tiny_dir):
 
 
 def test_a_wait_that_runs_out_names_the_timeout_flag():
-    args = type("Args", (), {"process_group_timeout_s": 5})()
-    err = wait_error(1, args, "every group's part", RuntimeError("Timed out waiting 5000ms for recv"))
+    err = wait_error(1, 5, "every group's part", RuntimeError("Timed out waiting 5000ms for recv"))
     assert isinstance(err, BadInputError) and err.field == "--process-group-timeout-s" and err.got == 5
-    other = wait_error(1, args, "every group's part", RuntimeError("Connection closed by peer"))
+    other = wait_error(1, 5, "every group's part", RuntimeError("Connection closed by peer"))
     assert not isinstance(other, BadInputError) and "another rank probably failed first" in str(other)
 
 
