@@ -7,6 +7,7 @@ Rank 0 drives the group (runtime/core/split_run.py) and writes OUT.json; the oth
 - `greedy`: plain greedy decoding and every drafter kind (ngram, suffix, model, self, eagle3 chain, static
   and dynamic trees, mtp, medusa, peagle, dflash, SSD, the drafter process, load-aware auto:K) at batch 2,
   the tokens of each and the collectives counted per cycle; the test holds them against one process.
+- `follower dies`: rank 1 exits mid-decode; rank 0 writes the error it ended with.
 - `laws`: sampled speculation's first tokens against the split target's exact law (chi-square) for a
   chain, a static tree and a dynamic tree, and the negative control (a drafter that reports a wrong q),
   which must fail.
@@ -15,7 +16,9 @@ Heads are random (seeded): what is checked is the engine on a split target, not 
 
 import contextlib
 import json
+import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -29,7 +32,8 @@ from medusa_heads import random_heads as random_medusa  # noqa: E402
 from peagle_heads import random_head as random_peagle  # noqa: E402
 from tiny_models import random_prompts, tiny_model, tiny_tokenizer  # noqa: E402
 
-from draftsmith.runtime.core.collectives import CollectiveCounter, per_entry  # noqa: E402
+from draftsmith.runtime.core import placement  # noqa: E402
+from draftsmith.runtime.core.collectives import CollectiveCounter, per_cycle  # noqa: E402
 from draftsmith.runtime.core.engine import generate_plain  # noqa: E402
 from draftsmith.runtime.core.speculative import generate_speculative  # noqa: E402
 from draftsmith.runtime.core.split_run import Split, run_split  # noqa: E402
@@ -87,8 +91,7 @@ def counted(run) -> tuple[list, dict]:
     with counter:
         results = run(counter)
     report = counter.report()
-    per_cycle = {phase: per_entry(report, phase) for phase in ("draft", "verify", "step")}
-    return results, {"per_cycle": per_cycle, "report": report}
+    return results, {**per_cycle(report), "report": report}
 
 
 def greedy(target: Target, folder: str) -> dict:
@@ -178,12 +181,41 @@ def always_accept():
         batch_accept.uniforms = real
 
 
-def main(folder: str, placement: str, size: int, what: str, out: str) -> None:
-    sizes = {"tp_size": size} if placement == "tp" else {"ep_size": size}
-    split = Split(placement, **sizes, timeout_s=120)
-    work = {"greedy": greedy, "laws": laws}[what]
-    result = run_split(split, "generate", folder, "cpu", "float32", lambda target: work(target, folder))
-    if result is not None:
+def follower_dies(target: Target, folder: str) -> dict:
+    """Rank 0 decodes while rank 1 exits at its 5th replayed call (main patches it): rank 0 must end with
+    an error that says so, well inside the timeout, not hang."""
+    start = time.perf_counter()
+    try:
+        generate_plain(target, PROMPTS, SamplingParams(), 64, batch_size=2)
+    except DraftsmithError as err:
+        return {"error": str(err), "seconds": time.perf_counter() - start}
+    return {"error": None, "seconds": time.perf_counter() - start}
+
+
+def die_at(calls: int) -> None:
+    """This follower exits (code 3) when it is asked to replay its `calls`-th call."""
+    real, seen = placement.replay, [0]
+
+    def replay(*args):
+        seen[0] += 1
+        if seen[0] == calls:
+            os._exit(3)
+        return real(*args)
+
+    placement.replay = replay
+
+
+def main(folder: str, placement_kind: str, size: int, what: str, out: str) -> None:
+    sizes = {"tp_size": size} if placement_kind == "tp" else {"ep_size": size}
+    split = Split(placement_kind, **sizes, timeout_s=120)
+    work = {"greedy": greedy, "laws": laws, "follower dies": follower_dies}[what]
+    if what == "follower dies" and os.environ.get("RANK") == "1":
+        die_at(5)
+    try:
+        result = run_split(split, "generate", folder, "cpu", "float32", lambda target: work(target, folder))
+    except DraftsmithError as err:  # rank 0's wait on the dead follower ends here
+        result = {"error": str(err)}
+    if result is not None and os.environ.get("RANK", "0") == "0":
         Path(out).write_text(json.dumps(result))
 
 

@@ -105,6 +105,8 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     from draftsmith.runtime.core.target import Target
 
     check_output_dir("--out", req.out)  # before the work: a run that cannot write its rows loses them all
+    if target is not None and target.tp_size > 1:
+        check_split_methods(req)
     check_request_inputs(req.temperatures, req.batch_sizes or [1], req.max_new_tokens, req.repeats)
     check_mode("--cpu-linears", req.cpu_linears)
     convs = load_bench_prompts(req.prompts, req.num_prompts, req.categories)
@@ -137,6 +139,21 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     if req.roofline:  # after the timed runs: the measurement loads the machine
         meta["roofline"] = roofline_lines(target, req, meta["prompt_tokens_mean"])
     return write_report(Path(req.out), rows, meta, plots=req.plots)
+
+
+def check_split_methods(req: BenchRequest) -> None:
+    """A split target runs draftsmith's rows only: the baselines hold a copy of the target of their own."""
+    others = [b for b in req.baselines if b != "plain"]
+    if others:
+        raise BadInputError(
+            "--baselines",
+            ",".join(others),
+            "plain only with --target-placement tp|ep",
+            "transformers, vLLM and llama.cpp rows load their own copy of the target; bench them apart "
+            "(vllm rows take --tensor-parallel-size)",
+        )
+    if req.quantize not in (None, "none"):
+        raise BadInputError("--quantize", req.quantize, "none with --target-placement tp|ep")
 
 
 def build_methods(req: BenchRequest, specs: list[str], target, rows_plan: frozenset[int]):
@@ -215,6 +232,7 @@ def run_block(req: BenchRequest, target, methods: dict, convs, temperature: floa
     per = compare_at(runnable, target, convs, params, max_new, batch, repeats, seed, chat)
     block = [summarize(name, runs, per["plain"], params, batch, convs, target) for name, runs in per.items()]
     add_depth_shares(block, methods, batch)
+    add_collectives(block, methods, target, convs, params, chat)
     for row in block:
         row.update(methods[row["method"]].facts)
     if batch == 1:
@@ -231,6 +249,24 @@ def add_depth_shares(block: list[dict], methods: dict, batch: int) -> None:
         if batch in policies:
             counts = policies[batch].depth_counts
             row["depth_share"] = [round(c / max(sum(counts), 1), 4) for c in counts]
+
+
+def add_collectives(block: list[dict], methods: dict, target, convs, params, chat: bool) -> None:
+    """A split target's rows: the collectives per cycle (runtime/core/collectives.py) of one more run of
+    the row's first batch, counted apart from the timed runs (counting costs a Python call per op)."""
+    if target.tp_size == 1:
+        return
+    from draftsmith.runtime.bench.compare import WARMUP_TOKENS
+    from draftsmith.runtime.core.collectives import CollectiveCounter, per_cycle
+
+    for row in block:
+        speculator = methods[row["method"]].speculator
+        prompts = [target.encode(c.turns[0], chat=chat) for c in convs[: row["batch_size"]]]
+        counter = CollectiveCounter()
+        with counter:
+            run = dict(max_new_tokens=4 * WARMUP_TOKENS, batch_size=len(prompts), collectives=counter)
+            speculator.generate(prompts, params, **run)
+        row["collectives"] = per_cycle(counter.report())
 
 
 def roofline_lines(target, req: BenchRequest, prompt_tokens: float) -> dict:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import math
 
-from draftsmith.runtime.errors import check_needs, check_output_dir, check_output_file, flag_needs
+from draftsmith.runtime.errors import (
+    BadInputError,
+    check_needs,
+    check_output_dir,
+    check_output_file,
+    flag_needs,
+)
 
 
 class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -114,6 +120,53 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16")
+
+
+def add_placement_args(p: argparse.ArgumentParser, replicate: str) -> None:
+    """Where the target lives when torchrun starts the verb on several processes (runtime/core/split_run.py,
+    draftsmith.data_recipes.tp_steps); `replicate` says what replicate means for the verb."""
+    p.add_argument(
+        "--target-placement",
+        default="replicate",
+        help=f"under torchrun: replicate ({replicate}), tp (each layer split over the --tp-size processes "
+        "of a group whose rank 0 drives it) or ep (a MoE target's experts split over the --ep-size "
+        "processes of a group, attention split where the heads allow: Qwen3-MoE, Mixtral, DeepSeek-V3)",
+    )
+    for size, what in (("tp", "tensor"), ("ep", "expert")):
+        p.add_argument(
+            f"--{size}-size",
+            type=int_arg(f"--{size}-size"),
+            default=None,
+            help=f"processes per {what}-parallel group (unset: all); must divide the "
+            f"{'heads' if size == 'tp' else 'experts'} and the processes",
+        )
+    p.add_argument(
+        "--process-group-timeout-s",
+        type=int_arg("--process-group-timeout-s"),
+        default=1800,
+        help="under torchrun: how long a rank waits for the others (the process group's timeout)",
+    )
+
+
+def split_of(args: argparse.Namespace):
+    """--target-placement and its sizes -> a Split (runtime/core/split_run.py); what a split target does not
+    run yet is refused here, before anything loads."""
+    from draftsmith.runtime.core.split_run import Split
+
+    split = Split(args.target_placement, args.tp_size, args.ep_size, args.process_group_timeout_s)
+    if split.split:
+        whole_only = {
+            "--quantize": args.quantize not in (None, "none"),  # quantize_target swaps whole linears
+            "--cuda-graphs": getattr(args, "cuda_graphs", False),  # the static path calls layers directly
+            "--attention": args.attention != "sdpa",
+        }
+        why = "a split target runs eager SDPA layers at the checkpoint's precision"
+        for flag, given in whole_only.items():
+            if given:
+                got = getattr(args, flag[2:].replace("-", "_"))
+                raise BadInputError(flag, got, f"its default with --target-placement {split.placement}", why)
+        args.cpu_linears = "torch"  # the W @ x^T plan is tuned on whole linears; shards keep F.linear
+    return split
 
 
 def add_target_runtime_args(p: argparse.ArgumentParser) -> None:

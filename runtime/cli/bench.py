@@ -8,12 +8,14 @@ import shlex
 from draftsmith.runtime.bench.types import BASELINE_KINDS, is_baseline
 from draftsmith.runtime.cli import verb_texts
 from draftsmith.runtime.cli.args import (
+    add_placement_args,
     add_target_args,
     add_target_runtime_args,
     add_verb,
     declare_needs,
     declare_outputs,
     int_arg,
+    split_of,
 )
 from draftsmith.runtime.errors import BadInputError, flag_needs
 
@@ -40,8 +42,13 @@ def check_baselines(names: list[str]) -> list[str]:
     return names
 
 
+def add_placement(p: argparse.ArgumentParser) -> None:
+    add_placement_args(p, "one process: the whole target")
+
+
 def add_bench(sub) -> None:
-    groups = (add_target_args, add_target_runtime_args, add_method_args, add_workload_args, add_output_args)
+    groups = (add_target_args, add_target_runtime_args, add_placement, add_method_args, add_workload_args)
+    groups += (add_output_args,)
     p = add_verb(sub, "bench", *verb_texts.BENCH, run=run_bench_cli, groups=groups)
     declare_outputs(p, dirs=("--out",))
     declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)))
@@ -122,7 +129,10 @@ AS_GIVEN = (
 
 
 def run_bench_cli(args: argparse.Namespace) -> None:
-    from draftsmith.runtime.bench.run import BenchRequest, run_bench
+    """The request, checked; then the bench on the target whole here, or split over a torchrun group whose
+    rank 0 runs it (runtime/core/split_run.py; only plain and draftsmith's drafts, collectives counted)."""
+    from draftsmith.runtime.bench.run import BenchRequest, check_split_methods, run_bench
+    from draftsmith.runtime.core.split_run import run_split
 
     request = BenchRequest(
         **{name: getattr(args, name) for name in AS_GIVEN},
@@ -135,4 +145,7 @@ def run_bench_cli(args: argparse.Namespace) -> None:
         roofline=not args.no_roofline,
         command="draftsmith " + " ".join(shlex.quote(a) for a in args.argv),
     )
-    run_bench(request)
+    split = split_of(args)
+    if split.split:
+        check_split_methods(request)
+    run_split(split, "bench", args.target, args.device, args.dtype, lambda target: run_bench(request, target))

@@ -11,6 +11,7 @@ import argparse
 from draftsmith.runtime.cli import verb_texts
 from draftsmith.runtime.cli.args import (
     add_mode_options,
+    add_placement_args,
     add_target_args,
     add_verb,
     declare_needs,
@@ -82,7 +83,7 @@ def add_regenerate(steps) -> None:
     regen.add_argument("--seed", type=int_arg("--seed"), default=0)
     regen.add_argument("--batch-size", type=int_arg("--batch-size"), default=8)
     add_shard_args(regen, "conversations")
-    add_placement_args(regen)
+    add_placement_args(regen, DATA_REPLICATE)
     add_engine_args(regen)
 
 
@@ -105,7 +106,7 @@ def add_capture(steps) -> None:
     cap.add_argument("--split", default="train", help="train, validation or all")
     cap.add_argument("--shard-tokens", type=int_arg("--shard-tokens"), default=65536, help="tokens per shard")
     add_shard_args(cap, "rows (about equal tokens)")
-    add_placement_args(cap)
+    add_placement_args(cap, DATA_REPLICATE)
     add_engine_args(cap)
 
 
@@ -157,35 +158,7 @@ def add_shard_args(p: argparse.ArgumentParser, unit: str) -> None:
     )
 
 
-def add_placement_args(p: argparse.ArgumentParser) -> None:
-    """Where the target lives when torchrun (or accelerate launch) starts the step on several processes
-    (draftsmith.data_recipes.tp_steps)."""
-    p.add_argument(
-        "--target-placement",
-        default="replicate",
-        help="under torchrun: replicate (the target whole on every process, part RANK of WORLD each), tp "
-        "(each layer split over the --tp-size processes of a group; a group's rank 0 writes its part) or "
-        "ep (a MoE target's experts split over the --ep-size processes of a group, attention split where "
-        "the heads allow: Qwen3-MoE, Mixtral, DeepSeek-V3)",
-    )
-    p.add_argument(
-        "--tp-size",
-        type=int_arg("--tp-size"),
-        default=None,
-        help="processes per tensor-parallel group (unset: all); must divide the heads and the processes",
-    )
-    p.add_argument(
-        "--ep-size",
-        type=int_arg("--ep-size"),
-        default=None,
-        help="processes per expert-parallel group (unset: all); must divide the experts and the processes",
-    )
-    p.add_argument(
-        "--process-group-timeout-s",
-        type=int_arg("--process-group-timeout-s"),
-        default=1800,
-        help="under torchrun: how long a rank waits for the others (the process group's timeout)",
-    )
+DATA_REPLICATE = "the target whole on every process, part RANK of WORLD each"
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ the field, what it got and what it expected), 1 anything else.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from draftsmith.runtime.cli.args import (
     Formatter,
     add_config_args,
     add_draft_arg,
+    add_placement_args,
     add_target_args,
     add_target_runtime_args,
     add_verb,
@@ -29,6 +31,7 @@ from draftsmith.runtime.cli.args import (
     declare_outputs,
     finite_float_arg,
     int_arg,
+    split_of,
 )
 from draftsmith.runtime.cli.bench import add_bench
 from draftsmith.runtime.cli.data import add_data
@@ -38,6 +41,7 @@ from draftsmith.runtime.errors import BadInputError, DraftsmithError, flag_needs
 
 log = logging.getLogger("draftsmith")
 
+SERVE_REPLICATE = "one process: the whole target"
 TREE_HELP = (
     "chain:K, static:NAME (binary-3, wide-4, deep-6) or static:JSON (paths of child ranks or parent ids), "
     "dynamic:depth=D,topk=K,tokens=N (EAGLE-2 style, grown each cycle), auto:K (load-aware: a chain of "
@@ -56,6 +60,7 @@ def add_generate(sub) -> None:
         "graphs)",
     )
     add_target_runtime_args(p)  # --attention, --cpu-linears, --quantize and its options (cli/args.py)
+    add_placement_args(p, SERVE_REPLICATE)  # torchrun: the target split over a group (core/split_run.py)
     add_ssd_args(p)  # runtime/cli/ssd.py
     declare_outputs(p, files=("--ssd-trace",))
     declare_needs(p, flag_needs("--tree", "--draft", lambda a: a.draft != "none"))
@@ -101,29 +106,57 @@ def add_prompt_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> None:
+    """Checks that need no target, then the work on the target: whole here, or split over a torchrun
+    group whose rank 0 runs it (the other ranks follow; only rank 0 prints)."""
     from draftsmith.runtime.core.quantize import parse_quantize
-    from draftsmith.runtime.core.target import Target
-    from draftsmith.runtime.speculator import build_speculator, prepare_target
+    from draftsmith.runtime.core.split_run import run_split
 
     cfg = spec_config(args)  # every check that needs no target, before it loads
     params, texts = generate_inputs(args)
     quant = parse_quantize(args.quantize, args.group_size)  # runtime/core/quantize.py
-    target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    split = split_of(args)
+
+    def work(target) -> None:
+        generate_on(args, target, cfg, params, texts, quant)
+
+    run_split(split, "generate", args.target, args.device, args.dtype, work)
+
+
+def generate_on(args: argparse.Namespace, target, cfg, params, texts: list[str], quant) -> None:
+    from draftsmith.runtime.core.collectives import CollectiveCounter
+    from draftsmith.runtime.speculator import build_speculator, prepare_target
+
     cfg.rows_plan = prepare_target(target, quant, args.attention, args.cpu_linears)
     prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
     cfg.batch_sizes = sorted({min(args.batch_size, len(prompt_ids)), 1})  # auto:K's cost curve
     speculator = build_speculator(target, cfg)
-    start = time.perf_counter()
+    counter = CollectiveCounter() if target.tp_size > 1 else None  # a split target's collectives
     run = dict(max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)
-    results = speculator.generate(prompt_ids, params, **run, progress=not args.json)
+    start = time.perf_counter()
+    with counter or contextlib.nullcontext():
+        results = speculator.generate(prompt_ids, params, **run, progress=not args.json, collectives=counter)
     wall = time.perf_counter() - start
     if (policy := speculator.policies.get(args.batch_size)) is not None:
         log.info("load-aware depth counts (0..%d): %s", speculator.max_depth, policy.depth_counts)
     ssd_metrics = speculator.finish()  # hit rates, hidden draft time, target idle ([] without SSD)
-    print_rows(args, target, texts, results, ssd_metrics)
+    collectives = log_collectives(counter)
+    print_rows(args, target, texts, results, ssd_metrics, collectives)
     log_totals(results, wall)
     if cfg.chained:  # side files after the rows: a late failure here loses no generated text
         write_trace(args, speculator.trace)
+
+
+def log_collectives(counter) -> dict | None:
+    """A split target's collectives per cycle (runtime/core/collectives.py), logged -> --json's object."""
+    if counter is None:
+        return None
+    from draftsmith.runtime.core.collectives import per_cycle
+
+    found = per_cycle(counter.report())
+    for phase, kinds in found["per_cycle"].items():
+        said = ", ".join(f"{v['count']:g} {k} ({v['bytes']:.0f} B)" for k, v in kinds.items()) or "none"
+        log.info("collectives per cycle, %s: %s", phase, said)
+    return found
 
 
 def spec_config(args: argparse.Namespace):
@@ -155,13 +188,18 @@ def generate_inputs(args: argparse.Namespace):
     return params, texts
 
 
-def print_rows(args: argparse.Namespace, target, texts: list[str], results, ssd_metrics: list[dict]) -> None:
-    """The generated text, or with --json one row per prompt (SSD's metrics on the rows of each batch)."""
+def print_rows(
+    args: argparse.Namespace, target, texts: list[str], results, ssd_metrics: list[dict], collectives=None
+) -> None:
+    """The generated text, or with --json one row per prompt (SSD's metrics on the rows of each batch; a
+    split target's collectives per cycle, the run's, on every row)."""
     for i, (text, res) in enumerate(zip(texts, results, strict=True)):
         if args.json:
             row = result_row(target, text, res)
             if i // args.batch_size < len(ssd_metrics):
                 row["ssd"] = ssd_metrics[i // args.batch_size]
+            if collectives is not None:
+                row["collectives"] = collectives
             print(json.dumps(row), flush=True)
         else:
             print(target.decode(res.token_ids), end="\n\n" if len(results) > 1 else "\n", flush=True)

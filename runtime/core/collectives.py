@@ -5,6 +5,7 @@
         with counter.phase("verify"):
             target.forward(ids, cache)              # a tensor-parallel target: 2 all-reduces a layer
     counter.report()  # {"verify": {"entries": 1, "all_reduce": {"count": 6, "bytes": 1536}, ...}, ...}
+    per_cycle(counter.report())  # {"cycles": 1, "per_cycle": {"verify": {"all_reduce": {...}, ...}}}
 
 A split target issues its collectives from several places: transformers' row-parallel layers call
 `torch.distributed.all_reduce`, its expert-parallel layers `all_gather_into_tensor` or functional
@@ -97,11 +98,22 @@ class CollectiveCounter(TorchDispatchMode):
         }
 
 
-def per_entry(report: dict[str, dict], phase: str) -> dict[str, dict[str, float]]:
-    """One phase's collectives per entry (per cycle, for a phase entered once a cycle)."""
-    found = report.get(phase, {})
-    n = max(found.get("entries", 0), 1)
-    return {k: {"count": v["count"] / n, "bytes": v["bytes"] / n} for k, v in found.items() if k != "entries"}
+def per_cycle(report: dict[str, dict]) -> dict:
+    """A decode's collectives per cycle: {"cycles", "per_cycle": {phase: {kind: {"count", "bytes"}}}}. A
+    cycle is an entry of "verify" (speculative decoding: its "draft" phase includes the drafter's rollback)
+    or of "step" (plain decoding); "other" (prefill, caches made) is left out."""
+    cycles = max((report.get(p, {}).get("entries", 0) for p in ("verify", "step")), default=0)
+    n = max(cycles, 1)
+    phases = {
+        phase: {
+            k: {"count": v["count"] / n, "bytes": round(v["bytes"] / n, 1)}
+            for k, v in found.items()
+            if k != "entries"
+        }
+        for phase, found in report.items()
+        if phase != OTHER
+    }
+    return {"cycles": cycles, "per_cycle": phases}
 
 
 def maybe_phase(counter: CollectiveCounter | None, name: str):

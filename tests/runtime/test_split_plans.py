@@ -11,7 +11,7 @@ import torch.distributed as dist
 from family_models import make_family_dir
 from tiny_models import make_tiny_dir
 
-from draftsmith.runtime.core.collectives import CollectiveCounter, collective_kind, per_entry
+from draftsmith.runtime.core.collectives import CollectiveCounter, collective_kind, per_cycle
 from draftsmith.runtime.core.launch import Launch
 from draftsmith.runtime.core.split_run import Split, plan_split
 from draftsmith.runtime.errors import BadInputError
@@ -96,5 +96,38 @@ def test_the_counter_counts_collectives_and_bytes_by_phase(monkeypatch):
     assert report["verify"]["all_reduce"] == {"count": 3, "bytes": 120}
     assert report["verify"]["broadcast"] == {"count": 3, "bytes": 120}
     assert report["other"]["all_reduce"]["count"] == 1 and report["other"]["broadcast"]["count"] == 2
-    assert per_entry(report, "verify")["all_reduce"] == {"count": 1.0, "bytes": 40.0}
-    assert per_entry(report, "draft") == {}  # entered, nothing issued
+    cycles = per_cycle(report)
+    assert cycles["cycles"] == 3 and cycles["per_cycle"]["verify"]["all_reduce"] == {
+        "count": 1.0,
+        "bytes": 40.0,
+    }
+    assert (
+        cycles["per_cycle"]["draft"] == {} and "other" not in cycles["per_cycle"]
+    )  # entered, nothing issued
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    from draftsmith.runtime.cli.main import main
+
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", ["generate", "bench"])
+def test_the_verbs_refuse_a_split_without_a_launcher_or_with_what_it_cannot_run(
+    verb, llama, capsys, monkeypatch
+):
+    for name in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    run = ["--prompt", "w1 w2", "--max-new-tokens", "2"] if verb == "generate" else ["--baselines", "plain"]
+    split = ["--target-placement", "tp", "--tp-size", "2", "--target", llama, "--device", "cpu"]
+    code, err = run_cli([verb, *split, *run], capsys)
+    assert code == 2 and f"torchrun --nproc-per-node 2 -m draftsmith.runtime.cli {verb}" in err
+    code, err = run_cli([verb, *split, *run, "--quantize", "int8"], capsys)
+    assert code == 2 and "--quantize" in err and "split target" in err
+    if verb == "bench":
+        code, err = run_cli([verb, *split, "--baselines", "plain,hf"], capsys)
+        assert code == 2 and "--baselines" in err and "plain only" in err
+    else:
+        code, err = run_cli([verb, *split, *run, "--cuda-graphs"], capsys)
+        assert code == 2 and "--cuda-graphs" in err
