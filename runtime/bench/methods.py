@@ -162,10 +162,16 @@ class TorchLinearsMethod(Method):
 
 
 def build_method(
-    spec: str, target, batch_sizes: list[int], max_model_len: int = 2048, base: SpecConfig | None = None
+    spec: str,
+    target,
+    batch_sizes: list[int],
+    max_model_len: int = 2048,
+    base: SpecConfig | None = None,
+    vllm_tp: int = 1,
 ) -> Method:
     """A method spec (module docstring) -> a ready method (heads loaded, costs measured). `base` holds what
-    every draftsmith method shares (draft quantization, the CPU-linears plan); the spec sets the rest."""
+    every draftsmith method shares (draft quantization, the CPU-linears plan); the spec sets the rest;
+    `vllm_tp` is the vLLM rows' tensor-parallel size."""
     if spec.endswith(TORCH_LINEARS):
         base_spec = spec.removesuffix(TORCH_LINEARS)
         if is_baseline(base_spec) and base_spec != "plain":
@@ -180,7 +186,7 @@ def build_method(
         raise BadInputError("method", spec, f"DRAFT@chain:K{SSD} or DRAFT@chain:K{SSD}:F (no {GRAPHS})")
     draft, tree = "none", None  # plain: the engine without a draft
     if name != "plain":
-        method = build_baseline(spec, target, batch_sizes, max_model_len)
+        method = build_baseline(spec, target, batch_sizes, max_model_len, vllm_tp)
         if method is not None:
             return method
         draft, at, tree = name.partition("@")
@@ -193,7 +199,9 @@ def build_method(
     return DraftsmithMethod(spec, build_speculator(target, cfg.validate()))
 
 
-def build_baseline(spec: str, target, batch_sizes: list[int], max_model_len: int) -> Method | None:
+def build_baseline(
+    spec: str, target, batch_sizes: list[int], max_model_len: int, vllm_tp: int = 1
+) -> Method | None:
     """transformers, vLLM or llama.cpp: another engine's decoding of the same prompts (None: not theirs)."""
     if spec in ("hf", "hf-prompt-lookup"):
         return HfMethod(spec, target)
@@ -206,7 +214,7 @@ def build_baseline(spec: str, target, batch_sizes: list[int], max_model_len: int
     if spec == "vllm" or spec.startswith("vllm-"):  # vllm-KIND:DIR[@chain:K]: the kind declares its layout
         from draftsmith.runtime.bench.vllm_method import build_vllm_method
 
-        return build_vllm_method(spec, target, max(batch_sizes), max_model_len)
+        return build_vllm_method(spec, target, max(batch_sizes), max_model_len, vllm_tp)
     if is_llamacpp_method(spec):
         from draftsmith.runtime.bench.llamacpp_method import LlamaCppMethod
 

@@ -64,6 +64,7 @@ class BenchRequest:
     quantize_draft: str = "none"
     draft_group_size: int | None = None
     sync_timing: bool = False  # synchronize CUDA around each timed draft / verify phase (cycle_timing.py)
+    vllm_tp_size: int = 1  # the vLLM rows' tensor parallelism (GPUs); CUDA graphs on a GPU
 
     def method_specs(self) -> list[str]:
         specs = ["plain", *[b for b in self.baselines if b != "plain"]]
@@ -168,7 +169,10 @@ def build_methods(req: BenchRequest, specs: list[str], target, rows_plan: frozen
         weightless_ok=True,
         rows_plan=rows_plan,
     )
-    methods = {spec: build_method(spec, target, req.batch_sizes, base=base) for spec in specs}
+    methods = {
+        spec: build_method(spec, target, req.batch_sizes, base=base, vllm_tp=req.vllm_tp_size)
+        for spec in specs
+    }
     drafts = {}
     for spec, method in methods.items():
         method.sync_timing = req.sync_timing

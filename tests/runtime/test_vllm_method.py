@@ -52,7 +52,10 @@ if mode == "hang":
 spec = "--speculative-config"
 spec_config = json.loads(args[args.index(spec) + 1]) if spec in args else None
 k = spec_config["num_speculative_tokens"] if spec_config else None
-print(json.dumps({"ready": True, "device": "cpu", "has_triton": False, "speculative_config": spec_config}))
+eager = "--enforce-eager" in args  # as vLLM: a GPU build with graphs reports device cuda, enforce_eager False
+tp = int(args[args.index("--tensor-parallel-size") + 1])
+ready = {"ready": True, "device": "cpu" if eager else "cuda", "has_triton": False, "enforce_eager": eager}
+print(json.dumps({**ready, "speculative_config": spec_config, "tensor_parallel_size": tp}))
 sys.stdout.flush()
 for line in sys.stdin:
     req = json.loads(line)
@@ -194,9 +197,20 @@ def test_fake_worker_round_trip(fake):
     argv = records[0]["argv"]
     assert argv[argv.index("--model") + 1] == "/targets/tiny" and "--draft" not in argv
     assert argv[argv.index("--dtype") + 1] == "float32" and argv[argv.index("--max-num-seqs") + 1] == "2"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1" and "--enforce-eager" in argv  # no GPU here
     request = records[1]["request"]
     assert (request["temperature"], request["top_k"], request["top_p"], request["seed"]) == (0.7, 5, 1.0, 9)
     assert method.proc is None and gone(records[0]["pid"]) and not method.log_path.exists()
+
+
+def test_on_a_gpu_the_rows_run_with_cuda_graphs_over_the_tp_size(fake):
+    """A fair GPU baseline: vLLM's CUDA graphs (no --enforce-eager) and its tensor parallelism; the row's
+    facts are what the worker says vLLM built."""
+    target = SimpleNamespace(path="/targets/tiny", dtype=torch.float32, device=torch.device("cuda"))
+    with VllmMethod("vllm", target, None, 3, 2, 256, python=sys.executable, tp_size=4) as method:
+        assert method.facts["vllm_tp"] == 4 and method.facts["cuda_graphs"] is True
+    argv = fake()[0]["argv"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "4" and "--enforce-eager" not in argv
 
 
 def test_fake_worker_speculative(fake, tmp_path):
