@@ -95,6 +95,12 @@ step 200 "gpu tests" python3 -m pytest -q -p no:cacheprovider -m gpu tests/runti
 if [ "${GPU_CHECK_TRAINER:-0}" = 1 ]; then
   step 240 "trainer tests" python3 -m pytest -q -p no:cacheprovider tests/train/test_trainer.py 2>&1 | tee "$OUT/trainer_tests_on_cuda.log"
 fi
+# generate through the split-target entry (torchrun, --target-placement tp) at the one TP size one GPU
+# allows, on the static path with graphs: the launch and the verb's path on CUDA (TP >= 2 needs 2 GPUs)
+SPLIT_DEVICE=cuda; [ "${GPU_CHECK_DRY_RUN:-0}" = 1 ] && SPLIT_DEVICE=cpu
+step 60 "split path tp 1" python3 -m torch.distributed.run --nproc-per-node 1 -m draftsmith.runtime.cli generate \
+  --target-placement tp --tp-size 1 --device "$SPLIT_DEVICE" --cuda-graphs --target "$TARGET" --draft ngram \
+  --prompt "Write a Python function that reverses a list." --max-new-tokens 32 --json 2>&1 | tee "$OUT/split_tp1.log"
 # kernels compiled by Triton on the GPU (not the interpreter), at real shapes
 TRITON_INTERPRET=0 step 150 "kernel tests" python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels 2>&1 | tee "$OUT/kernel_tests.log"
 step 330 "measurements" python3 scripts/gpu_measure.py --out "$OUT/measure.json" --target "$TARGET" \

@@ -86,6 +86,21 @@ def drafters(target: Target, folder: str) -> dict:
     }
 
 
+def static_drafters(target: Target) -> dict:
+    torch.manual_seed(0)
+    eagle = Eagle3Head(Eagle3Config.for_target(target, aux_layer_ids=[0, 1, 2])).eval()
+    draft_lm = Target(tiny_model("llama", seed=1), tiny_tokenizer(), "draft")
+    return {
+        "model chain static": lambda: lm_drafter(draft_lm, tree("chain:3"), target=target),
+        "eagle3 dynamic static": lambda: eagle3_drafter(
+            eagle, target, tree("dynamic:depth=3,topk=2,tokens=5")
+        ),
+        "mtp chain static": lambda: mtp_drafter(
+            MtpHead(MtpConfig.for_target(target, num_modules=2)).eval(), target, tree("chain:2")
+        ),  # fmt: skip
+    }
+
+
 def counted(run) -> tuple[list, dict]:
     counter = CollectiveCounter()
     with counter:
@@ -123,6 +138,17 @@ def greedy(target: Target, folder: str) -> dict:
         out["ssd over self"] = {"error": None}
     except DraftsmithError as err:
         out["ssd over self"] = {"error": str(err)}
+    for name, make in static_drafters(target).items():  # the static path: graphs on CUDA, eager here
+        results = generate_speculative(target, make(), PROMPTS, greedy, NEW_TOKENS, batch_size=2, static=True)
+        out[name] = {"tokens": [r.token_ids for r in results]}
+    results = generate_plain(target, PROMPTS, greedy, NEW_TOKENS, batch_size=2, static=True)
+    out["plain static"] = {"tokens": [r.token_ids for r in results]}
+    try:  # self:layers=N's graphed steps would run the split layers outside the relayed calls
+        self_drafter = lm_drafter(target, tree("chain:3"), num_layers=1)
+        generate_speculative(target, self_drafter, PROMPTS[:2], greedy, 4, static=True)
+        out["self static path"] = {"error": None}
+    except DraftsmithError as err:
+        out["self static path"] = {"error": str(err)}
     costs = measure_verify_costs(target, [2], max_nodes=4)
     policy = LoadAwareDepth(costs, 3)
     ngram = NgramDrafter(tree("chain:3"))
@@ -217,6 +243,8 @@ def main(folder: str, placement_kind: str, size: int, what: str, out: str) -> No
         result = {"error": str(err)}
     if result is not None and os.environ.get("RANK", "0") == "0":
         Path(out).write_text(json.dumps(result))
+    sys.stdout.flush()  # gloo may abort in a subgroup's destructor at exit (runtime/cli/main.py exit_with)
+    os._exit(0)
 
 
 if __name__ == "__main__":

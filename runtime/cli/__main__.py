@@ -1,6 +1,6 @@
 """`python -m draftsmith.runtime.cli ...`: the `draftsmith` command (also under torchrun)."""
 
-from draftsmith.runtime.cli.main import main
+from draftsmith.runtime.cli.main import exit_with, main
 
 if __name__ == "__main__":
-    main()
+    exit_with(main())  # exit code 2 for bad input, as the `draftsmith` script

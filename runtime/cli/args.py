@@ -157,7 +157,6 @@ def split_of(args: argparse.Namespace):
     if split.split:
         whole_only = {
             "--quantize": args.quantize not in (None, "none"),  # quantize_target swaps whole linears
-            "--cuda-graphs": getattr(args, "cuda_graphs", False),  # the static path calls layers directly
             "--attention": args.attention != "sdpa",
         }
         why = "a split target runs eager SDPA layers at the checkpoint's precision"

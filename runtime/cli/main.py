@@ -369,10 +369,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    code = main()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun (data capture|regenerate on a TP group):
-        sys.stdout.flush()  # gloo may abort in a subgroup's destructor at interpreter exit, after the
-        sys.stderr.flush()  # work is done (as train/__main__.py, which leaves the same way)
+def exit_with(code: int) -> None:
+    """Leave with main's exit code; under torchrun (a split target, data steps on a TP group) through
+    os._exit: gloo may abort in a subgroup's destructor at interpreter exit, after the work is done (as
+    train/__main__.py, which leaves the same way)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    exit_with(main())

@@ -354,7 +354,7 @@ def placement_shard_fraction(config, tp: int, placement: str = "tp") -> float:
 MIRRORED_CACHES = 2
 # KVCache methods that change a cache outside forward (runtime/core/kv_cache.py): a driven cache sends each
 # call to the followers, which apply it to their copy (compact's own crop is not sent again)
-RELAYED_CACHE_OPS = ("crop", "compact", "keep_prefixes", "retain")
+RELAYED_CACHE_OPS = ("crop", "compact", "keep_prefixes", "retain", "advance", "reset")  # + StaticKVCache's
 
 
 def _to(value, device):
@@ -486,5 +486,9 @@ def replay(target, caches: dict, kind: str, key: int, length: int, args, kwargs)
         name, op_args = args
         with torch.inference_mode():  # the cache's tensors are inference tensors (made in forward)
             getattr(cache, name)(*_to(op_args, target.device), **_to(kwargs, target.device))
+        return
+    if kind in ("static_forward", "graphed"):  # the static path's forwards (runtime/core/static_forward.py)
+        with torch.inference_mode():
+            cache.replay_forward(kind, target, *_to(args, target.device), **_to(kwargs, target.device))
         return
     target.forward(*_to(args, target.device), cache, **_to(kwargs, target.device))

@@ -76,6 +76,15 @@ class StaticKVCache(KVCache):
         self.valid.zero_()
         self.length = self._pending = 0
 
+    def replay_forward(self, kind: str, target: Target, *inputs: torch.Tensor, capture_layers=(), span=None):
+        """On a follower of a split target (runtime/core/placement.py): the driver's `static_forward` on
+        this cache, or its graphed forward (this rank's own graphs, captured and replayed in the same
+        order as the driver's, so the layers' collectives pair up)."""
+        if kind == "static_forward":
+            return static_forward(target, self, *inputs, capture_layers, span, relay=False)
+        forward = self.graphed or GraphedForward(target, self, capture_layers)
+        return forward(*inputs)
+
 
 def slot_mask(valid: torch.Tensor, slots: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
     """valid [B, C] bool (already marking the new tokens), slots [T] = start..start+T-1, tree_mask
@@ -122,8 +131,14 @@ def static_forward(
     tree_mask: torch.Tensor,  # [B, T, T] bool
     capture_layers: tuple[int, ...] = (),
     span: int | None = None,  # attend over slots < span (a graph's fixed window; default: all)
+    relay: bool = True,  # a split target's driver sends the call to its followers (False: inside a graph)
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One target forward with no host values inside -> (logits [B, T, V] float32, aux per capture layer)."""
+    if relay and target.driver is not None:
+        inputs = (input_ids, position_ids, token_valid, slots, tree_mask)
+        target.driver.send(
+            "static_forward", id(cache), cache.length, inputs, dict(capture_layers=capture_layers, span=span)
+        )
     mask = write_slots(cache, slots, token_valid, tree_mask, span)
     hidden, aux = target.run_layers(input_ids, position_ids, mask, cache, target.num_layers, capture_layers)
     return target.logits(hidden), [aux[i] for i in capture_layers]
@@ -212,6 +227,11 @@ class GraphedForward:
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Write the T tokens at slots cache.length.. and return (logits [B, T, V], aux). The returned
         tensors are the shape's output buffers: the next call of the same shape overwrites them."""
+        if self.target.driver is not None:  # a split target: its followers run their graphs with us
+            inputs = (input_ids, position_ids, token_valid, tree_mask)
+            self.target.driver.send(
+                "graphed", id(self.cache), self.cache.length, inputs, dict(capture_layers=self.capture_layers)
+            )
         start, nodes = self.cache.length, input_ids.shape[1]
         slots = torch.arange(start, start + nodes, device=self.target.device)  # made there: no host copy
         span = self.cache.span_for(nodes)
@@ -224,7 +244,16 @@ class GraphedForward:
 
     def _body(self, span, ids, positions, valid, slots, tree_mask) -> tuple[torch.Tensor, list[torch.Tensor]]:
         return static_forward(
-            self.target, self.cache, ids, positions, valid, slots, tree_mask, self.capture_layers, span
+            self.target,
+            self.cache,
+            ids,
+            positions,
+            valid,
+            slots,
+            tree_mask,
+            self.capture_layers,
+            span,
+            relay=False,
         )
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 import torch
 
 from draftsmith.runtime.core.static_forward import Graphed, StaticKVCache, capacity_bucket, write_slots
+from draftsmith.runtime.errors import BadInputError
 
 
 class StaticSteps:
@@ -109,6 +110,13 @@ def mtp_steps(head, target, batch: int, capacity: int, sessions: dict) -> Static
 def lm_steps(model, num_layers: int | None, batch: int, capacity: int, sessions: dict) -> StaticSteps:
     """A draft LM (or the target's first `num_layers` layers): step 0 -> pre-norm hidden [B, T, H]."""
     layers = num_layers or model.num_layers
+    if getattr(model, "driver", None) is not None:  # graphed steps would run split layers unrelayed
+        raise BadInputError(
+            "--cuda-graphs",
+            "self:layers=N on a split target",
+            "a drafter at TP = 1 for the static path (a head, model:DIR)",
+            "or self:layers=N without --cuda-graphs",
+        )
 
     def run(_, ids, positions, cache, mask):
         return model.run_layers(ids, positions, mask, cache, layers)[0]

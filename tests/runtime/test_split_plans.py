@@ -129,5 +129,25 @@ def test_the_verbs_refuse_a_split_without_a_launcher_or_with_what_it_cannot_run(
         code, err = run_cli([verb, *split, "--baselines", "plain,hf"], capsys)
         assert code == 2 and "--baselines" in err and "plain only" in err
     else:
-        code, err = run_cli([verb, *split, *run, "--cuda-graphs"], capsys)
-        assert code == 2 and "--cuda-graphs" in err
+        code, err = run_cli([verb, *split, *run, "--attention", "triton"], capsys)
+        assert code == 2 and "--attention" in err
+
+
+def test_the_module_entry_torchrun_launches_exits_with_main_s_code():
+    """`python -m draftsmith.runtime.cli` (what every torchrun line runs) exits 2 on bad input, as the
+    `draftsmith` script does (it used to drop main's code and exit 0)."""
+    import subprocess
+    import sys
+
+    argv = [
+        sys.executable,
+        "-m",
+        "draftsmith.runtime.cli",
+        "generate",
+        "--max-new-tokens",
+        "0",
+        "--prompt",
+        "hi",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--max-new-tokens" in done.stderr

@@ -89,6 +89,9 @@ SETUPS = {
 }
 
 
+LAW_SETUPS = {k: SETUPS[k] for k in ("llama tp 2", "qwen3_moe ep 2")}
+
+
 @pytest.fixture(scope="module", params=list(SETUPS))
 def greedy_run(request, tmp_path_factory):
     make, placement, size = SETUPS[request.param]
@@ -102,7 +105,7 @@ def greedy_run(request, tmp_path_factory):
 def test_every_drafter_on_a_split_target_gives_one_process_plain_greedy(greedy_run):
     name, got, plain, target = greedy_run
     runs = {k: v for k, v in got.items() if "tokens" in v}
-    assert len(runs) == 15  # plain, 13 drafters (SSD and the drafter process included), load-aware auto:3
+    assert len(runs) == 19  # plain, 13 drafters (SSD, the drafter process), 4 static paths, auto:3
     for kind, run in runs.items():
         for prompt, got_ids, want in zip(PROMPTS, run["tokens"], plain, strict=True):
             mismatch = first_mismatch(target, prompt, got_ids, want.token_ids)
@@ -136,8 +139,15 @@ def test_ssd_over_a_split_drafter_is_refused_clearly(greedy_run):
     assert error and "cannot be copied" in error and "TP = 1" in error
 
 
-def test_sampled_speculation_on_a_split_target_keeps_its_law(tmp_path):
-    got = launch(llama_dir(tmp_path / "llama"), "tp", 2, "laws", tmp_path / "laws.json")
+def test_self_drafting_on_the_static_path_of_a_split_target_is_refused(greedy_run):
+    error = greedy_run[1]["self static path"]["error"]
+    assert error and "--cuda-graphs" in error and "TP = 1" in error
+
+
+@pytest.mark.parametrize("setup", list(LAW_SETUPS))
+def test_sampled_speculation_on_a_split_target_keeps_its_law(setup, tmp_path):
+    make, placement, size = LAW_SETUPS[setup]
+    got = launch(make(tmp_path / "target"), placement, size, "laws", tmp_path / "laws.json")
     control = got.pop("control: always accept (must fail)")
     assert control["stat"] > control["threshold"], f"the law test did not see always-accept: {control}"
     for name, check in got.items():
