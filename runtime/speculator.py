@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from draftsmith.runtime.core.quantize import QuantSpec
     from draftsmith.runtime.core.target import Target
     from draftsmith.runtime.drafters.drafter import Drafter
+    from draftsmith.runtime.verify.adaptive import AdaptiveVerify
     from draftsmith.runtime.verify.load_aware import LoadAwareDepth, VerifyCosts
     from draftsmith.runtime.verify.sampling import SamplingParams
     from draftsmith.runtime.verify.tree import TreeSpec
@@ -136,17 +137,22 @@ class Speculator:
     costs: VerifyCosts | None = None  # auto:K: the target's verify-cost curve, measured at build
     draft_quantization: str | None = None  # what the drafter's linears hold: int8, int4-g64, fp8; None: none
     policies: dict[int, LoadAwareDepth] = field(default_factory=dict)  # batch size -> its policy
+    adaptive: bool = False  # adaptive:K (confidence-driven verification) rather than auto:K
 
-    def policy(self, batch: int) -> LoadAwareDepth | None:
-        """auto:K: the load-aware depth policy of this batch size (made on first use); else None."""
+    def policy(self, batch: int) -> LoadAwareDepth | AdaptiveVerify | None:
+        """auto:K / adaptive:K: the policy of this batch size (made on first use); else None."""
+        from draftsmith.runtime.verify.adaptive import AdaptiveVerify
         from draftsmith.runtime.verify.load_aware import LoadAwareDepth
 
         if self.max_depth is None:
             return None
         if batch not in self.policies:
-            self.policies[batch] = LoadAwareDepth(
-                self.costs, self.max_depth, step_cost=self.drafter.step_cost
-            )
+            if self.adaptive:
+                self.policies[batch] = AdaptiveVerify(self.costs, self.max_depth)
+            else:
+                self.policies[batch] = LoadAwareDepth(
+                    self.costs, self.max_depth, step_cost=self.drafter.step_cost
+                )
         return self.policies[batch]
 
     def reset(self) -> None:
@@ -200,7 +206,8 @@ def build_speculator(target: Target, cfg: SpecConfig) -> Speculator:
     quantization = adapt_drafter(drafter, target, cfg)
     depth = cfg.auto_depth if drafter is not None else None
     costs = verify_costs(target, cfg.batch_sizes, depth + 1) if depth else None
-    return Speculator(target, drafter, cfg.static, depth, costs, quantization)
+    adaptive = (cfg.tree or "").startswith("adaptive:")
+    return Speculator(target, drafter, cfg.static, depth, costs, quantization, adaptive=adaptive)
 
 
 def make_drafter(target: Target, cfg: SpecConfig) -> Drafter | None:

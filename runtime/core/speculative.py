@@ -41,6 +41,7 @@ from draftsmith.runtime.core.engine import (
 from draftsmith.runtime.core.kv_cache import KVCache
 from draftsmith.runtime.core.static_forward import GraphedForward
 from draftsmith.runtime.core.target import Target
+from draftsmith.runtime.verify.adaptive import AdaptiveVerify
 from draftsmith.runtime.verify.batch_accept import Fetched, accept_batch, fetch
 from draftsmith.runtime.verify.draft_batch import DraftBatch, to_device
 from draftsmith.runtime.verify.load_aware import LoadAwareDepth
@@ -59,13 +60,14 @@ def generate_speculative(
     seed: int = 0,
     batch_size: int = 1,
     progress: bool = False,
-    policy: LoadAwareDepth | None = None,
+    policy: LoadAwareDepth | AdaptiveVerify | None = None,
     static: bool = False,
     sync_timing: bool = False,
     collectives: CollectiveCounter | None = None,
 ) -> list[GenerationResult]:
     """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order.
-    With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step).
+    With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step); with an
+    adaptive one (runtime/verify/adaptive.py), a chain of K of which each row verifies the prefix it keeps.
     `static` verifies on a preallocated cache with CUDA graphs (runtime/core/static_forward.py); rows then
     stay in the batch until all finish (fixed shapes), their late outputs ignored. Each cycle's draft and
     verify time is recorded per row (`sync_timing`: synchronize CUDA at the phase boundaries,
@@ -131,7 +133,7 @@ def speculate_batch(
     max_new_tokens: int,
     generators: list[torch.Generator] | None,
     draft_generators: list[torch.Generator] | None,
-    policy: LoadAwareDepth | None = None,
+    policy: LoadAwareDepth | AdaptiveVerify | None = None,
     static: bool = False,
     sync_timing: bool = False,
     collectives: CollectiveCounter | None = None,
@@ -163,6 +165,7 @@ def speculate_batch(
             batch = propose(drafter, contexts, depth, target.device)
             batch = batch.only_roots([i for i in range(len(active)) if i not in running])
         with clock.phase("verify"):
+            batch = policy.budget(batch, len(running)) if policy is not None else batch  # adaptive:K's cut
             got, features = verify(target, cache, batch, contexts, params, generators, layers, forward)
         accepted = [v.accepted for v in got.verdicts]
         with clock.phase("rollback", tally="draft"):  # the drafter's rollback counts as drafting
@@ -173,7 +176,7 @@ def speculate_batch(
         lap = clock.lap()
         times = (lap["draft"] + lap["rollback"], lap["verify"])
         if policy is not None:
-            policy.observe(len(running), depth, [len(accepted[i]) for i in running], lap["draft"])
+            policy.observe(len(running), depth, [len(accepted[i]) for i in running], lap["draft"], running)
         for i, r in enumerate(active):
             if not rows.results[r].finish_reason:
                 record_cycle(

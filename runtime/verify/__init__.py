@@ -6,6 +6,8 @@
 - sampling and acceptance: `sampling` (temperature, top-k/p), `acceptance` (greedy and exact
   rejection-sampling rules over a tree), `batch_accept` (the whole batch in one kernel call), `near_tie`
   (greedy identity up to near-ties for bf16/GPU runs);
-- `load_aware` (auto:K: each cycle's depth from measured costs and observed acceptance);
+- `load_aware` (auto:K: each cycle's depth from measured costs and observed acceptance), `adaptive`
+  (adaptive:K: each row verifies the prefix of its chain that pays best, by a stopping rule on the
+  drafter's survival estimates);
 - `ssd_fanout` (SSD's outcome prediction: the geometric fan-out, branch order, hit accounting).
 """

@@ -64,6 +64,10 @@ class DraftBatch:
     q: torch.Tensor | None = None  # [B, N, V] float32 laws; None = every drafted token a point mass
     chain: int | None = None  # K when every row is the same chain of K >= 1 tokens, else None
     fetched: torch.Tensor | None = None  # [B, X] long: the drafter's columns for the cycle's one transfer
+    # [B, N] float32: the drafter's estimate that node n is accepted given its parent was (a DSpark
+    # confidence head, a draft's own law); it must not read node n's own sampled token: a prefix chosen
+    # from the sampled tokens themselves biases the output law (confidence-driven verification)
+    survival: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -104,7 +108,10 @@ class DraftBatch:
 
     def to(self, device) -> DraftBatch:
         """The batch on another device (a drafter process's, a host drafter's)."""
-        moved = {k: getattr(self, k) for k in ("tokens", "parents", "depths", "ancestors", "q", "fetched")}
+        moved = {
+            k: getattr(self, k)
+            for k in ("tokens", "parents", "depths", "ancestors", "q", "fetched", "survival")
+        }
         return replace(self, **{k: None if v is None else v.to(device) for k, v in moved.items()})
 
     def only_roots(self, rows: list[int]) -> DraftBatch:
@@ -127,6 +134,32 @@ class DraftBatch:
             sizes=sizes,
             q=q,
             chain=None,
+        )
+
+    def prefixes(self, kept: list[int]) -> DraftBatch:
+        """Chains (node i at depth i) cut to their first kept[b] drafted nodes: the batch as wide as the
+        longest kept prefix, the rest of a shorter row padding (adaptive verification; node ids unchanged,
+        so the drafter's `fetched` columns and its commit read them as they are)."""
+        n = max(kept) + 1
+        cut = torch.tensor(kept, device=self.device)[:, None]  # [B, 1]
+        beyond = torch.arange(n, device=self.device)[None, :] > cut  # [B, n]: past the row's prefix
+        tokens = self.tokens[:, :n].masked_fill(beyond, -1)
+        parents = self.parents[:, :n].masked_fill(beyond, -1)
+        depths = self.depths[:, :n].masked_fill(beyond, 0)
+        eye = torch.eye(n, dtype=torch.bool, device=self.device)
+        ancestors = torch.where(beyond[:, :, None], eye, self.ancestors[:, :n, :n])  # padding sees itself
+        same = len(set(kept)) == 1 and kept[0] > 0
+        return replace(
+            self,
+            tokens=tokens,
+            parents=parents,
+            depths=depths,
+            ancestors=ancestors,
+            sizes=[k + 1 for k in kept],
+            max_depth=max(kept),
+            q=None if self.q is None else self.q[:, :n],
+            chain=kept[0] if same and self.chain is not None else None,
+            survival=None if self.survival is None else self.survival[:, :n],
         )
 
     def verify_inputs(

@@ -35,14 +35,17 @@ import torch
 
 from draftsmith.runtime.errors import BadInputError
 
+POLICY_TREES = {"auto": "load-aware chain depth", "adaptive": "confidence-driven verification budget"}
+
 
 def parse_auto(spec: str) -> int | None:
-    """`auto:K` -> K (the deepest chain the policy may draft); None for any other tree spec."""
+    """`auto:K` (load-aware) or `adaptive:K` (runtime/verify/adaptive.py) -> K, the deepest chain the policy
+    may draft or verify; None for any other tree spec."""
     kind, _, arg = spec.partition(":")
-    if kind != "auto":
+    if kind not in POLICY_TREES:
         return None
     if not arg.isdigit() or not 1 <= int(arg) <= 16:
-        raise BadInputError("--tree", spec, "auto:K with an integer K in [1, 16] (load-aware chain depth)")
+        raise BadInputError("--tree", spec, f"{kind}:K with an integer K in [1, 16] ({POLICY_TREES[kind]})")
     return int(arg)
 
 
@@ -164,8 +167,20 @@ class LoadAwareDepth:
         self.depth_counts[depth] += 1
         return depth
 
-    def observe(self, batch: int, depth: int, accepted_lengths: list[int], draft_s: float) -> None:
-        """After a cycle at `depth`: each row's accepted length and the drafter's wall time."""
+    def budget(self, drafts, batch: int):
+        """The drafts as they are: the depth was chosen before drafting (adaptive verification cuts here)."""
+        return drafts
+
+    def observe(
+        self,
+        batch: int,
+        depth: int,
+        accepted_lengths: list[int],
+        draft_s: float,
+        rows: list[int] | None = None,
+    ) -> None:
+        """After a cycle at `depth`: each running row's accepted length and the drafter's wall time (`rows`,
+        the running rows' places in the batch, matter to adaptive verification only)."""
         if depth == 0:
             return
         step = draft_s / depth

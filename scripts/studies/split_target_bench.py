@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
              num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=True)  # fmt: skip
 DRAFT_LAYERS = 2
-DRAFTS = ["ngram", f"self:layers={DRAFT_LAYERS}", "model:{draft}"]
-TREES = ["chain:3", "static:binary-3"]
+SELF, MODEL = f"self:layers={DRAFT_LAYERS}", "model:{draft}"  # the split drafter and the same at TP = 1
+METHODS = ["ngram@chain:3", *(f"{d}@{t}" for d in (SELF, MODEL) for t in ("chain:3", "static:binary-3"))]
 
 
 def make_models(out: Path) -> tuple[Path, Path]:
@@ -77,11 +77,20 @@ def bench(target: Path, draft: Path, tp: int, out: Path) -> list[dict]:
         "humaneval",
     ]
     args += ["--num-prompts", "6", "--max-new-tokens", "48", "--batch-sizes", "1", "--repeats", "3"]
-    args += ["--baselines", "plain", "--no-plots", "--no-roofline", "--out", str(out)]
-    for spec in DRAFTS:
+    args += [
+        "--baselines",
+        "plain",
+        "--no-plots",
+        "--no-roofline",
+        "--out",
+        str(out),
+        "--cpu-linears",
+        "torch",
+    ]
+    for (
+        spec
+    ) in METHODS:  # F.linear at every TP size (a split target keeps it; the W @ x^T plan is whole-only)
         args += ["--draft", spec.format(draft=draft)]
-    for tree in TREES:
-        args += ["--tree", tree]
     launcher = [sys.executable, "-m", "draftsmith.runtime.cli"]
     if tp > 1:
         torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={tp}"]

@@ -139,7 +139,7 @@ class ScriptedDepth(LoadAwareDepth):
         self.cycle += 1
         return depth
 
-    def observe(self, batch, depth, accepted, draft_s):
+    def observe(self, batch, depth, accepted, draft_s, rows=None):
         self.seen.append((depth, list(accepted)))
         assert all(n <= depth for n in accepted)
 

@@ -1,0 +1,105 @@
+"""Confidence-driven verification: each row verifies the prefix of its drafted chain that pays best per unit
+of measured verify cost, chosen by a stopping rule from the drafter's survival estimates.
+
+    policy = AdaptiveVerify(costs, max_depth=5)                                  # --tree adaptive:5
+    generate_speculative(target, drafter, prompts, params, policy=policy)
+
+After the drafter proposes a chain of K, each row b has survival estimates s_1..s_K, s_i = P(node i is
+accepted | node i-1 was): the drafter's own (`DraftBatch.survival`, DSpark's confidence head), else the
+conditional acceptance observed so far at each position (kept as load-aware speculation keeps it). With
+g_i = s_1 ... s_i, a prefix of k nodes yields E_k = 1 + g_1 + ... + g_k tokens (the target's own token
+counted) and verifying it costs C_k = verify(batch, k + 1), the measured curve (the draft is already paid
+for). The row keeps node i while E_i / C_i > E_{i-1} / C_{i-1}, and stops at the first node that does not
+pay (vLLM's adaptive verification picks the budget maximizing accepted tokens per millisecond the same way,
+vllm#47808; SpecDec++ stops drafting on a predicted rejection, arXiv 2405.19715).
+
+Why it stays lossless. The decision to verify node i reads s_1..s_i only, and each s_j is a function of node
+j's law and its ancestors, never of node j's own sampled token (the contract of DraftBatch.survival), so the
+decision is taken before node i's token is looked at: a stopping time, as if the drafter had drafted fewer
+tokens. A rule that looks at a sampled token does bias the law: K = 1, p = q = (1/2, 1/2), verifying the draft
+only when it drew `a` emits `a` with probability 1/2 + 1/2 * 1/2 = 3/4 (tests/runtime/test_adaptive.py has
+it as the negative control). At T = 0 every prefix is exact (greedy verification keeps the target's argmax).
+
+The kept lengths come back to the host (one small transfer a cycle beyond the cycle's own), so the verify
+forward is only as wide as the longest kept prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsmith.runtime.verify.draft_batch import DraftBatch
+from draftsmith.runtime.verify.load_aware import VerifyCosts
+
+
+def prefix_lengths(survival: torch.Tensor, verify_costs: torch.Tensor) -> torch.Tensor:
+    """survival [B, K] (s_i given node i-1 accepted), verify_costs [K + 1] (C_0..C_K: verifying k drafted
+    nodes plus the root) -> the nodes each row keeps [B] long, by the stopping rule above."""
+    expected = 1.0 + survival.cumprod(dim=-1).cumsum(dim=-1)  # [B, K]: E_1..E_K
+    ratio = torch.cat([torch.ones_like(expected[:, :1]), expected], dim=-1) / verify_costs  # [B, K + 1]
+    pays = ratio[:, 1:] > ratio[:, :-1]  # [B, K]: node i pays (strictly), given nodes < i were kept
+    return pays.long().cumprod(dim=-1).sum(dim=-1)  # [B]: nodes kept before the first that does not pay
+
+
+@dataclass
+class AdaptiveVerify:
+    """The policy of `--tree adaptive:K` for one batch size: draft a chain of K, verify per row the prefix the
+    stopping rule keeps, learn the conditional acceptance per position from what was verified."""
+
+    costs: VerifyCosts
+    max_depth: int
+    prior_accept: float = 0.5  # pseudo-observation before any cycle (weight `prior_weight`)
+    prior_weight: float = 2.0
+    decay: float = 0.97  # per observed cycle: recent acceptance counts more
+    tried: list[float] = field(init=False)
+    accepted: list[float] = field(init=False)
+    depth_counts: list[int] = field(init=False)  # how often each kept length was verified (all rows)
+    kept: list[int] = field(default_factory=list, init=False)  # the last cycle's kept lengths per row
+
+    def __post_init__(self) -> None:
+        self.tried = [self.prior_weight] * self.max_depth
+        self.accepted = [self.prior_weight * self.prior_accept] * self.max_depth
+        self.depth_counts = [0] * (self.max_depth + 1)
+
+    def rates(self) -> list[float]:
+        return [a / t for a, t in zip(self.accepted, self.tried, strict=True)]
+
+    def choose(self, batch: int) -> int:
+        """The chain every row drafts: K (the prefixes are chosen once the survival estimates exist)."""
+        return self.max_depth
+
+    def budget(self, drafts: DraftBatch, batch: int) -> DraftBatch:
+        """The drafted chains cut to the prefixes the stopping rule keeps (the cycle's extra transfer)."""
+        depth = drafts.max_depth
+        if depth == 0:
+            self.kept = [0] * len(drafts.sizes)
+            return drafts
+        if drafts.survival is not None:
+            survival = drafts.survival[:, 1 : depth + 1].float()  # [B, K]
+        else:
+            observed = torch.tensor(self.rates()[:depth], device=drafts.device)
+            survival = observed.expand(len(drafts.sizes), depth)  # [B, K]
+        costs = torch.tensor([self.costs(batch, n) for n in range(1, depth + 2)], device=drafts.device)
+        self.kept = [min(k, n - 1) for k, n in zip(prefix_lengths(survival, costs).tolist(), drafts.sizes)]
+        for k in self.kept:
+            self.depth_counts[k] += 1
+        return drafts.prefixes(self.kept)
+
+    def observe(
+        self,
+        batch: int,
+        depth: int,
+        accepted_lengths: list[int],
+        draft_s: float,
+        rows: list[int] | None = None,
+    ) -> None:
+        """After a cycle, for the running `rows` of the batch (accepted_lengths in their order): node j + 1 of
+        a row was tried iff the row kept it and nodes <= j were accepted."""
+        kept = self.kept if rows is None else [self.kept[i] for i in rows]
+        for j in range(self.max_depth):
+            tried = [n for n, k in zip(accepted_lengths, kept, strict=True) if k > j and n >= j]
+            if tried:
+                self.tried[j] = self.decay * self.tried[j] + len(tried)
+                self.accepted[j] = self.decay * self.accepted[j] + sum(n >= j + 1 for n in tried)
