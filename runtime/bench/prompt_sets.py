@@ -5,6 +5,7 @@ MT-bench and Spec-Bench question files, and prompt files.
     prompts = load_prompt_set("humaneval", 20)     # HumanEval tasks, asked as chat instructions
     prompts = load_prompt_set("jsonl:FILE", 20)    # a prompts file (generate --prompts format)
     questions = load_bench_prompts("mtbench:question.jsonl", 80, categories=["coding", "math"])
+    prompts = load_prompt_set("gsm8k:FILE", 20)    # an eval set (runtime/bench/eval_sets.py), bench and eval
 
 `load_bench_prompts` returns `BenchPrompt`s: user turns plus a category. MT-bench's `question.jsonl` and
 Spec-Bench's (`mtbench:FILE`, `specbench:FILE`) hold one object per line with `question_id`, `category`
@@ -22,25 +23,22 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
+from draftsmith.runtime.bench.bench_prompt import HUMANEVAL_INSTRUCTION, BenchPrompt  # noqa: F401 (re-exported)
 from draftsmith.runtime.errors import BadInputError, read_text
 
-HUMANEVAL_INSTRUCTION = (
-    "Complete the following Python function. Reply with code only.\n\n```python\n{prompt}```"
-)
 MAX_PROMPT_CHARS = 2000  # long pastes make a CPU benchmark measure prefill, not decoding
 
 
-PROMPT_SOURCES = ("sharegpt", "humaneval", "mtbench:FILE", "specbench:FILE", "jsonl:FILE")
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    turns: tuple[str, ...]  # user messages; turn k follows the model's own answer to turn k-1
-    category: str = ""  # "" when the source has no categories
-    id: str = ""
+PROMPT_SOURCES = (
+    "sharegpt",
+    "humaneval",
+    "mtbench:FILE",
+    "specbench:FILE",
+    "jsonl:FILE",
+    "an eval set (docs/eval.md)",
+)
 
 
 def load_prompt_set(spec: str, num_prompts: int) -> list[str]:
@@ -53,6 +51,10 @@ def load_bench_prompts(spec: str, num_prompts: int, categories: list[str] | None
     if isinstance(num_prompts, bool) or not isinstance(num_prompts, int) or num_prompts < 1:
         raise BadInputError("--num-prompts", num_prompts, "an integer >= 1")
     kind, _, arg = spec.partition(":")
+    from draftsmith.runtime.bench.eval_sets import is_eval_set, load_eval_set
+
+    if is_eval_set(spec) and spec != "humaneval":  # the papers' sets (eval_sets.py): gsm8k, speed-bench, ...
+        return load_eval_set(spec, num_prompts, categories)[0]
     if categories and kind not in ("mtbench", "specbench"):
         raise BadInputError("--categories", ",".join(categories), "no filter: only question files have them")
     if spec == "sharegpt":

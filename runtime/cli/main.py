@@ -35,6 +35,7 @@ from draftsmith.runtime.cli.args import (
 )
 from draftsmith.runtime.cli.bench import add_bench
 from draftsmith.runtime.cli.data import add_data
+from draftsmith.runtime.cli.eval import add_eval
 from draftsmith.runtime.cli.export import add_export
 from draftsmith.runtime.cli.ssd import add_ssd_args, ssd_fields, write_trace
 from draftsmith.runtime.errors import BadInputError, DraftsmithError, flag_needs
@@ -307,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     add_generate(sub)
     add_bench(sub)
+    add_eval(sub)
     add_data(sub)
     add_train(sub)
     add_export(sub)

@@ -111,3 +111,23 @@ DEMO = (
     "  draftsmith demo prompt_set=humaneval num_prompts=20\n"
     "  draftsmith demo --train 'train_overrides=[train.max_steps=200]'",
 )
+
+EVAL = (
+    "acceptance of drafts on the sets papers use, untimed, on one pinned harness: the leaderboard",
+    "Decode each set's prompts once with every --draft (and --tree) through the runtime's engine, at\n"
+    "each temperature, in large batches: no warm-up, no repeats, no plain run, no clock. What the\n"
+    "engine decodes is the target's own greedy or sampled continuation, so the accepted lengths it\n"
+    "reports are the draft's acceptance (at T=0 equal to generate's on the same prompts). Writes\n"
+    "OUT/eval.json and OUT/report.md with plots: per prompt, category and set the acceptance record\n"
+    "(mean acceptance length = 1 + accepted / steps, draft acceptance rate, acceptance per position,\n"
+    "the accepted-count histogram), the leaderboard per temperature, and the pinned harness (target,\n"
+    "chat template hash, sets with revision or file sha256, sampling, K and tree).\n\n"
+    "examples:\n"
+    "  draftsmith eval --draft eagle3:heads/eagle3-smollm2-135m --draft ngram --set humaneval\n"
+    "  draftsmith eval --draft eagle3:HEAD --tree chain:2 --tree chain:4 --set gsm8k --set mt-bench \\\n"
+    "      --temperatures 0,1 --num-prompts 80\n"
+    "  draftsmith eval --draft eagle3:HEAD --set speed-bench/qualitative --categories coding,math\n"
+    "  draftsmith eval --draft ngram --set gsm8k:data/gsm8k_test.jsonl --json > eval.json\n\n"
+    "Offline, a set reads from --set NAME:FILE or $DRAFTSMITH_EVAL_SETS/NAME.jsonl (default folder\n"
+    "~/.cache/draftsmith/eval_sets), rows in the Hub set's own schema (docs/eval.md).",
+)
