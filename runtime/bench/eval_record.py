@@ -3,7 +3,7 @@ spec-decode metrics), from the engine's own per-cycle counts, and the pins of th
 
     record = acceptance_record(results)    # GenerationResults of one draft, one temperature
     record["mean_acceptance_length"]       # 1 + accepted / steps: tokens a verification step commits
-    pins = harness_pins(target, sampling, max_new_tokens=128, chat=True, sets=[pin, ...])
+    pins = harness_pins(target, {"top_p": 1.0, "seed": 0, ...}, max_new_tokens=128, chat=True, sets=[pin])
 
 Fields: `steps` (verification cycles after the prefills), `drafted_tokens`, `accepted_tokens`,
 `mean_acceptance_length` (1 + accepted / steps; tree- and adaptive-safe: it counts what was accepted, not
@@ -61,6 +61,15 @@ def prompt_row(prompt, result) -> dict:
         "finish_reason": result.finish_reason,
         "accepted_lengths": result.accepted_lengths,
         "draft_depths": result.draft_depths,
+    }
+
+
+def records(prompts, results) -> dict:
+    """One set's results -> {"overall", "categories", "prompts"}: the record at each grain."""
+    return {
+        "overall": acceptance_record(results),
+        "categories": category_records(prompts, results),
+        "prompts": [prompt_row(p, r) for p, r in zip(prompts, results, strict=True)],
     }
 
 

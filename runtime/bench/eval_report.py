@@ -59,7 +59,8 @@ def markdown(result: dict, plots: list[str]) -> str:
         f"Command: `{result['command'] or '(library call)'}`",
         "",
         f"Harness `{h['id']}`: target {t['name']} (config {t['config_hash']}, chat template "
-        f"{t['chat_template_hash']}, {t['dtype']} on {t['device']}), sampling {h['sampling']}, "
+        f"{t['chat_template_hash']}, {t['dtype']} on {t['device']}), temperatures {h['temperatures']}, "
+        f"sampling {h['sampling']}, "
         f"{h['max_new_tokens']} new tokens, chat {h['chat']}, {h['turns']}.",
         "",
         "| set | source | config | split | revision | prompts | file sha256 | rows hash | prompts hash |",

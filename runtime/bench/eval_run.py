@@ -118,8 +118,9 @@ def run_eval(req: EvalRequest, target=None) -> dict:
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
     rows_plan = prepare_target(target, quant, req.attention, req.cpu_linears)
     prompt_ids = [[target.encode(p.turns[0], chat=req.chat) for p in prompts] for prompts, _ in sets]
-    sampling = {"temperatures": req.temperatures, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed}
+    sampling = {"top_p": req.top_p, "top_k": req.top_k, "seed": req.seed, "batch_size": req.batch_size}
     harness = harness_pins(target, sampling, req.max_new_tokens, req.chat, [pin for _, pin in sets])
+    harness["temperatures"] = req.temperatures  # beside the id: each entry names its own temperature
     start = time.perf_counter()
     entries = []
     for cfg in configs.values():
@@ -138,7 +139,7 @@ def run_eval(req: EvalRequest, target=None) -> dict:
 
 def eval_method(req: EvalRequest, target, cfg, sets, prompt_ids, all_params) -> list[dict]:
     """One draft and tree: build it once, decode every set at every temperature -> one entry per pair."""
-    from draftsmith.runtime.bench.eval_record import acceptance_record, category_records, prompt_row
+    from draftsmith.runtime.bench.eval_record import records
     from draftsmith.runtime.speculator import build_speculator
 
     speculator = build_speculator(target, cfg)
@@ -160,9 +161,7 @@ def eval_method(req: EvalRequest, target, cfg, sets, prompt_ids, all_params) -> 
                         "K": depth,
                         "temperature": params.temperature,
                         "set": pin["set"],
-                        "overall": acceptance_record(results),
-                        "categories": category_records(prompts, results),
-                        "prompts": [prompt_row(p, r) for p, r in zip(prompts, results, strict=True)],
+                        **records(prompts, results),
                     }
                 )
                 log.info(

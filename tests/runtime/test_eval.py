@@ -123,7 +123,10 @@ def test_sampled_runs_are_recorded_and_reproducible(tiny_dir, tmp_path):
         "0",
         "1",
     }
-    assert one["harness"]["sampling"]["temperatures"] == [0.0, 1.0]
+    assert one["harness"]["temperatures"] == [0.0, 1.0] and two["harness"]["temperatures"] == [1.0]
+    assert one["harness"]["id"] == two["harness"]["id"]  # the temperature is each entry's, not the harness's
+    three = run_eval(tiny_dir, tmp_path, "--draft", "ngram", "--temperatures", "1", "--seed", "5", name="c")
+    assert three["harness"]["id"] != two["harness"]["id"] and three["harness"]["sampling"]["seed"] == 5
 
 
 def test_the_result_pins_its_harness_and_ranks_the_drafts(tiny_dir, tmp_path):
