@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.runtime.verify.draft_batch import DraftBatch
-from draftsmith.runtime.verify.load_aware import VerifyCosts
+from draftsmith.runtime.verify.load_aware import AcceptanceTally, VerifyCosts
 
 
 def prefix_lengths(survival: torch.Tensor, verify_costs: torch.Tensor) -> torch.Tensor:
@@ -50,21 +50,16 @@ class AdaptiveVerify:
 
     costs: VerifyCosts
     max_depth: int
-    prior_accept: float = 0.5  # pseudo-observation before any cycle (weight `prior_weight`)
-    prior_weight: float = 2.0
-    decay: float = 0.97  # per observed cycle: recent acceptance counts more
-    tried: list[float] = field(init=False)
-    accepted: list[float] = field(init=False)
+    tally: AcceptanceTally = field(init=False)  # the observed conditional acceptance per position
     depth_counts: list[int] = field(init=False)  # how often each kept length was verified (all rows)
     kept: list[int] = field(default_factory=list, init=False)  # the last cycle's kept lengths per row
 
     def __post_init__(self) -> None:
-        self.tried = [self.prior_weight] * self.max_depth
-        self.accepted = [self.prior_weight * self.prior_accept] * self.max_depth
+        self.tally = AcceptanceTally(self.max_depth)
         self.depth_counts = [0] * (self.max_depth + 1)
 
     def rates(self) -> list[float]:
-        return [a / t for a, t in zip(self.accepted, self.tried, strict=True)]
+        return self.tally.rates()
 
     def choose(self, batch: int) -> int:
         """The chain every row drafts: K (the prefixes are chosen once the survival estimates exist)."""
@@ -99,7 +94,4 @@ class AdaptiveVerify:
         a row was tried iff the row kept it and nodes <= j were accepted."""
         kept = self.kept if rows is None else [self.kept[i] for i in rows]
         for j in range(self.max_depth):
-            tried = [n for n, k in zip(accepted_lengths, kept, strict=True) if k > j and n >= j]
-            if tried:
-                self.tried[j] = self.decay * self.tried[j] + len(tried)
-                self.accepted[j] = self.decay * self.accepted[j] + sum(n >= j + 1 for n in tried)
+            self.tally.add(j, [n for n, k in zip(accepted_lengths, kept, strict=True) if k > j and n >= j])

@@ -118,48 +118,45 @@ class DraftBatch:
         """The same batch with `rows`' trees cut to their roots (finished rows of a static batch)."""
         if not rows:
             return self
-        index = torch.tensor(rows, device=self.device)
-        tokens, parents, depths = self.tokens.clone(), self.parents.clone(), self.depths.clone()
-        tokens[index, 1:], parents[index, 1:], depths[index, 1:] = -1, -1, 0
-        ancestors = self.ancestors.clone()
-        ancestors[index] = torch.eye(ancestors.shape[1], dtype=torch.bool, device=self.device)
-        q = None if self.q is None else self.q.clone().index_fill_(0, index, 0.0)
+        beyond = torch.zeros(self.tokens.shape, dtype=torch.bool)  # [B, N]
+        beyond[rows, 1:] = True
         sizes = [1 if b in rows else n for b, n in enumerate(self.sizes)]
-        return replace(
-            self,
-            tokens=tokens,
-            parents=parents,
-            depths=depths,
-            ancestors=ancestors,
-            sizes=sizes,
-            q=q,
-            chain=None,
-        )
+        return self.without(to_device(beyond, self.device), sizes=sizes, chain=None)
 
     def prefixes(self, kept: list[int]) -> DraftBatch:
         """Chains (node i at depth i) cut to their first kept[b] drafted nodes: the batch as wide as the
         longest kept prefix, the rest of a shorter row padding (adaptive verification; node ids unchanged,
         so the drafter's `fetched` columns and its commit read them as they are)."""
         n = max(kept) + 1
-        cut = torch.tensor(kept, device=self.device)[:, None]  # [B, 1]
-        beyond = torch.arange(n, device=self.device)[None, :] > cut  # [B, n]: past the row's prefix
-        tokens = self.tokens[:, :n].masked_fill(beyond, -1)
-        parents = self.parents[:, :n].masked_fill(beyond, -1)
-        depths = self.depths[:, :n].masked_fill(beyond, 0)
-        eye = torch.eye(n, dtype=torch.bool, device=self.device)
-        ancestors = torch.where(beyond[:, :, None], eye, self.ancestors[:, :n, :n])  # padding sees itself
-        same = len(set(kept)) == 1 and kept[0] > 0
+        narrow = replace(
+            self,
+            tokens=self.tokens[:, :n],
+            parents=self.parents[:, :n],
+            depths=self.depths[:, :n],
+            ancestors=self.ancestors[:, :n, :n],
+            q=None if self.q is None else self.q[:, :n],
+            survival=None if self.survival is None else self.survival[:, :n],
+        )
+        beyond = (
+            torch.arange(n, device=self.device)[None, :] > torch.tensor(kept, device=self.device)[:, None]
+        )
+        same = len(set(kept)) == 1 and kept[0] > 0 and self.chain is not None
+        return narrow.without(
+            beyond, sizes=[k + 1 for k in kept], chain=kept[0] if same else None, max_depth=max(kept)
+        )
+
+    def without(self, beyond: torch.Tensor, **host) -> DraftBatch:
+        """The nodes `beyond` [B, N] made padding (each sees only itself, its law zeroed); `host` sets the
+        host fields that change with them (sizes, chain, max_depth)."""
+        eye = torch.eye(beyond.shape[1], dtype=torch.bool, device=self.device)
         return replace(
             self,
-            tokens=tokens,
-            parents=parents,
-            depths=depths,
-            ancestors=ancestors,
-            sizes=[k + 1 for k in kept],
-            max_depth=max(kept),
-            q=None if self.q is None else self.q[:, :n],
-            chain=kept[0] if same and self.chain is not None else None,
-            survival=None if self.survival is None else self.survival[:, :n],
+            tokens=self.tokens.masked_fill(beyond, -1),
+            parents=self.parents.masked_fill(beyond, -1),
+            depths=self.depths.masked_fill(beyond, 0),
+            ancestors=torch.where(beyond[:, :, None], eye, self.ancestors),
+            q=None if self.q is None else self.q.masked_fill(beyond[:, :, None], 0.0),
+            **host,
         )
 
     def verify_inputs(

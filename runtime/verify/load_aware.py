@@ -118,28 +118,49 @@ def expected_tokens(rates: list[float], depth: int) -> float:
 
 
 @dataclass
+class AcceptanceTally:
+    """Conditional acceptance per position, a_j = P(token j accepted | token j-1 was), as decayed counts
+    that start from a prior (load-aware depth and adaptive verification keep one each)."""
+
+    positions: int
+    prior_accept: float = 0.5  # pseudo-observation before any cycle (weight `prior_weight`)
+    prior_weight: float = 2.0
+    decay: float = 0.97  # per observed cycle: recent acceptance counts more
+    tried: list[float] = field(init=False)
+    accepted: list[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tried = [self.prior_weight] * self.positions
+        self.accepted = [self.prior_weight * self.prior_accept] * self.positions
+
+    def rates(self) -> list[float]:
+        return [a / t for a, t in zip(self.accepted, self.tried, strict=True)]
+
+    def add(self, j: int, accepted_lengths: list[int]) -> None:
+        """One cycle at position j + 1, over the rows that tried it (their accepted lengths, each >= j)."""
+        if accepted_lengths:
+            self.tried[j] = self.decay * self.tried[j] + len(accepted_lengths)
+            self.accepted[j] = self.decay * self.accepted[j] + sum(n >= j + 1 for n in accepted_lengths)
+
+
+@dataclass
 class LoadAwareDepth:
     costs: VerifyCosts
     max_depth: int
     step_cost: float = 0.0  # prior for one drafted level, relative to a 1-token forward (Drafter.step_cost)
-    prior_accept: float = 0.5  # pseudo-observation before any cycle (weight `prior_weight`)
-    prior_weight: float = 2.0
-    decay: float = 0.97  # per observed cycle: recent acceptance counts more
     probe_every: int = 8
     max_probe_every: int = 256
-    tried: list[float] = field(init=False)
-    accepted: list[float] = field(init=False)
+    tally: AcceptanceTally = field(init=False)
     draft_step_s: float | None = field(default=None, init=False)  # seconds per drafted level (EMA)
     depth_counts: list[int] = field(init=False)  # how often each depth was chosen
 
     def __post_init__(self) -> None:
-        self.tried = [self.prior_weight] * self.max_depth
-        self.accepted = [self.prior_weight * self.prior_accept] * self.max_depth
+        self.tally = AcceptanceTally(self.max_depth)
         self.depth_counts = [0] * (self.max_depth + 1)
         self._since_probe, self._interval, self._probing = 0, self.probe_every, False
 
     def rates(self) -> list[float]:
-        return [a / t for a, t in zip(self.accepted, self.tried, strict=True)]
+        return self.tally.rates()
 
     def cycle_seconds(self, batch: int, depth: int) -> float:
         step = self.draft_step_s if self.draft_step_s is not None else self.step_cost * self.costs(batch, 1)
@@ -186,9 +207,6 @@ class LoadAwareDepth:
         step = draft_s / depth
         self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
         for j in range(depth):  # conditional counts: position j+1 was tried iff positions <= j accepted
-            tried = sum(n >= j for n in accepted_lengths)
-            if tried:
-                self.tried[j] = self.decay * self.tried[j] + tried
-                self.accepted[j] = self.decay * self.accepted[j] + sum(n >= j + 1 for n in accepted_lengths)
+            self.tally.add(j, [n for n in accepted_lengths if n >= j])
         if self._probing and self.best_depth(batch) == 0:  # plain decoding confirmed: probe less often
             self._interval = min(2 * self._interval, self.max_probe_every)
