@@ -18,6 +18,7 @@ SCHEMAS = {
     "medusa2-": TrainConfig,
     "peagle-": TrainConfig,
     "dflash-": TrainConfig,
+    "dspark-": TrainConfig,
 }
 
 

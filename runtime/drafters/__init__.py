@@ -6,7 +6,8 @@ lookup), `suffix` (suffix decoding) over `suffix_tree` (its tries and draft tree
 is one `grower` (`ModelDrafter`: chain, static and dynamic trees grown on the device) over a step model:
 `lm_drafter` (a causal LM over its own cache: `self:layers=N`, `model:TARGET`), `eagle3_drafter`,
 `peagle_drafter` (a P-EAGLE block in one head forward; its pairs are EAGLE-3's `PairCache`),
-`mtp_drafter`, `medusa_drafter`, `dflash_drafter`; `static_steps` (the step models' forwards on static
+`mtp_drafter`, `medusa_drafter`, `dflash_drafter`, `dspark_drafter` (DFlash's steps with a Markov bias
+and survival estimates); `static_steps` (the step models' forwards on static
 caches, one CUDA graph per shape, for the GPU engine path); `ssd` (speculative speculative decoding:
 pre-drafted next cycles, in process), `draft_process` (the drafter in its own process over
 torch.distributed, optionally with SSD).

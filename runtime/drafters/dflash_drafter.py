@@ -96,6 +96,13 @@ class DFlashSteps:
     def pending(self, contexts: list[list[int]], tree: TreeSpec) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward of [root, mask x (S-1)] over the cached context -> depth 1's logits [B, V]; the
         block's [B, D, V] are kept for `level`."""
+        h, positions = self.block_hidden(contexts, tree)  # [B, D, H]
+        self.block_logits = self.head.target_logits(h)  # [B, D, V]
+        return self.block_logits[:, 0], positions[:, :1]
+
+    def block_hidden(self, contexts: list[list[int]], tree: TreeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's forward -> the hidden states of depths 1..D [B, D, H] (pre-norm) and the block's
+        positions [B, S] (a DSpark drafter adds its Markov and confidence heads on these)."""
         depth = check_depth(tree, self.block)  # a load-aware chain may change the tree
         self._append_context()
         head, cache = self.head, self.state.cache
@@ -109,8 +116,7 @@ class DFlashSteps:
         mask = block_mask(cache.valid[:, :length], self.block)  # [B, 1, S, C + S]
         h = head(self.target.embed(ids), positions, keys, values, mask)  # [B, S, H]
         self.forwards += 1
-        self.block_logits = head.target_logits(h[:, 1 : depth + 1])  # [B, D, V]
-        return self.block_logits[:, 0], positions[:, :1]
+        return h[:, 1 : depth + 1], positions
 
     def level(self, cycle: CycleTree, level: Level) -> torch.Tensor:
         return self.block_logits[:, level.depth, None].expand(-1, level.nodes.shape[1], -1)

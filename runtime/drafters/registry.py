@@ -11,6 +11,7 @@ target's device and dtype, the target, the tree and the options its kind's `load
 from __future__ import annotations
 
 from draftsmith.runtime.drafters.dflash_drafter import dflash_drafter
+from draftsmith.runtime.drafters.dspark_drafter import dspark_drafter
 from draftsmith.runtime.drafters.eagle3_drafter import eagle3_drafter
 from draftsmith.runtime.drafters.grower import ModelDrafter
 from draftsmith.runtime.drafters.medusa_drafter import medusa_drafter
@@ -23,6 +24,7 @@ HEAD_DRAFTERS = {
     "mtp": mtp_drafter,
     "medusa": lambda heads, target, tree: medusa_drafter(target, heads, tree),
     "dflash": lambda head, target, tree, block=None: dflash_drafter(target, head, tree, block),
+    "dspark": lambda head, target, tree, block=None: dspark_drafter(target, head, tree, block),
 }
 
 

@@ -20,13 +20,16 @@ from pathlib import Path
 
 from draftsmith.runtime.errors import BadInputError, read_json
 from draftsmith.runtime.heads.dflash_kind import KIND as DFLASH
+from draftsmith.runtime.heads.dspark_kind import KIND as DSPARK
 from draftsmith.runtime.heads.eagle3_kind import KIND as EAGLE3
 from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH, HeadKind, HeadSection
 from draftsmith.runtime.heads.medusa_kind import KIND as MEDUSA
 from draftsmith.runtime.heads.mtp_kind import KIND as MTP
 from draftsmith.runtime.heads.peagle_kind import KIND as PEAGLE
 
-KINDS: dict[str, HeadKind] = {kind.name: kind for kind in (EAGLE3, MTP, MEDUSA, PEAGLE, DFLASH)}  # one each
+KINDS: dict[str, HeadKind] = {  # one each
+    kind.name: kind for kind in (EAGLE3, MTP, MEDUSA, PEAGLE, DFLASH, DSPARK)
+}
 DEFAULT_KIND = EAGLE3.name  # a train config without head.type
 
 

@@ -42,9 +42,9 @@ def test_every_kind_declares_a_module_section_drafter_layouts_and_objective():
 
 def test_formats_map_each_layout_to_the_kinds_it_fits():
     assert head_kinds.formats() == {
-        "draftsmith": ("eagle3", "mtp", "medusa", "peagle", "dflash"),
+        "draftsmith": ("eagle3", "mtp", "medusa", "peagle", "dflash", "dspark"),
         "eagle3": ("eagle3",),
-        "speculators": ("eagle3", "peagle", "dflash"),
+        "speculators": ("eagle3", "peagle", "dflash", "dspark"),
         "mtp": ("mtp",),
         "mtp-mimo": ("mtp",),
         "medusa": ("medusa",),

@@ -6,7 +6,8 @@
 - `heads`: the EAGLE-3 and MTP objectives (what the loop needs per kind); `medusa_objective` (Medusa-1
   heads: per-head soft or data cross-entropy, the sparse tree's calibration), `dflash_objective` (DFlash:
   blocks at random anchors, position-weighted soft cross-entropy), `peagle_objective` (P-EAGLE: all K block
-  positions from one context, per-position soft cross-entropy);
+  positions from one context, per-position soft cross-entropy), `dspark_objective` (DSpark: DFlash's blocks
+  with the Markov bias, plus TVD and the confidence head's BCE, its calibration error);
 - EAGLE-3's training-time test: `eagle3_objective` (the K-step unroll with the drafter's tree mask, soft
   cross-entropy on the draft vocabulary, per-step accuracy, simulated tau), `ttt_attention` (its attention
   without a dense mask: causal + diagonal keys merged by log-sum-exp), `draft_losses` (its other losses,

@@ -69,6 +69,18 @@ def anchor_mask(anchors: torch.Tensor, valid: torch.Tensor, block: int) -> torch
     return torch.cat([context, own], dim=-1)[:, None]
 
 
+@dataclass
+class Blocks:
+    """One step's blocks, as the loss reads them: n counted slots of the [B, Q = A*S] block queries."""
+
+    h: torch.Tensor  # [B, Q, H] the last layer's output, pre-norm
+    picked: torch.Tensor  # [B, Q] bool: the counted slots
+    goal: torch.Tensor  # [n, Vd] the target's distribution at each counted slot
+    slot: torch.Tensor  # [n] each counted slot's block position k >= 1
+    counted: torch.Tensor  # [B, A, S] bool
+    prev: torch.Tensor  # [n] the token before each counted slot's label (the anchor's for k = 1)
+
+
 def dflash_loss(
     head: DFlashHead,
     embed,
@@ -80,6 +92,29 @@ def dflash_loss(
     logit_chunk: int = 1024,
     generator: torch.Generator | None = None,
 ) -> DFlashOutput:
+    b = dflash_blocks(head, embed, batch, target_logits, max_anchors, logit_chunk, generator)
+    logits = head.draft_logits(b.h[b.picked])  # [n, Vd]
+    ce = -(b.goal * F.log_softmax(logits, dim=-1)).sum(-1)  # [n]
+    weights = torch.exp(-(b.slot - 1).to(ce.dtype) / gamma)
+    loss = (weights * ce).sum() / b.picked.sum().clamp(min=1)
+    return block_output(loss, logits, ce, b, head.config.block_size)
+
+
+def block_output(loss, logits: torch.Tensor, ce: torch.Tensor, b: Blocks, size: int) -> DFlashOutput:
+    """The evaluation's counts per block position of the counted slots' logits [n, Vd] and losses [n]."""
+    right = logits.argmax(-1) == b.goal.argmax(-1)  # [n]
+    device = logits.device
+    correct = torch.zeros(size, dtype=torch.long, device=device).index_add_(0, b.slot, right.long())[1:]
+    counts = torch.bincount(b.slot, minlength=size)[1:]
+    step_losses = torch.zeros(size, dtype=ce.dtype, device=device).index_add_(0, b.slot, ce.detach())[1:]
+    step_losses = step_losses / counts.clamp(min=1)
+    return DFlashOutput(loss, step_losses, correct, counts, accepted_length(b.counted, right))
+
+
+def dflash_blocks(
+    head: DFlashHead, embed, batch: TTTBatch, target_logits, max_anchors, logit_chunk, generator
+) -> Blocks:
+    """The anchors drawn, the blocks built and forwarded, the counted slots and their targets."""
     ids, size = batch.input_ids, head.config.block_size
     batch_size, length = ids.shape
     device = ids.device
@@ -114,19 +149,10 @@ def dflash_loss(
     mask = anchor_mask(anchors, valid, size)
     h = head(embeds, positions.flatten(1), keys, values, mask)  # [B, Q, H]
     picked = counted.flatten(1)  # [B, Q]
-    logits = head.draft_logits(h[picked])  # [n, Vd]
     goal = probs[rows.flatten(1)[picked]]  # [n, Vd]
-    ce = -(goal * F.log_softmax(logits, dim=-1)).sum(-1)  # [n]
     slot = offsets.expand_as(positions).flatten(1)[picked]  # [n] block position k of each
-    weights = torch.exp(-(slot - 1).to(ce.dtype) / gamma)
-    n = picked.sum()
-    loss = (weights * ce).sum() / n.clamp(min=1)
-    right = logits.argmax(-1) == goal.argmax(-1)  # [n]
-    correct = torch.zeros(size, dtype=torch.long, device=device).index_add_(0, slot, right.long())[1:]
-    counts = torch.bincount(slot, minlength=size)[1:]
-    step_losses = torch.zeros(size, dtype=ce.dtype, device=device).index_add_(0, slot, ce.detach())[1:]
-    step_losses = step_losses / counts.clamp(min=1)
-    return DFlashOutput(loss, step_losses, correct, counts, accepted_length(counted, right))
+    prev = gathered(ids, (positions - 1).clamp(0, length - 1)).flatten(1)[picked]  # [n] token a + k - 1
+    return Blocks(h, picked, goal, slot, counted, prev)
 
 
 def accepted_length(counted: torch.Tensor, right: torch.Tensor) -> float:

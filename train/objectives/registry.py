@@ -16,13 +16,14 @@ from __future__ import annotations
 from draftsmith.runtime.errors import DraftsmithError
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.train.objectives.dflash_objective import DFlashKind
+from draftsmith.train.objectives.dspark_objective import DSparkKind
 from draftsmith.train.objectives.heads import Eagle3Kind, MtpKind
 from draftsmith.train.objectives.medusa_objective import MedusaKind
 from draftsmith.train.objectives.peagle_objective import PEagleKind
 
 # one entry per kind
 OBJECTIVES: dict[str, type] = {
-    cls.kind: cls for cls in (Eagle3Kind, MtpKind, MedusaKind, PEagleKind, DFlashKind)
+    cls.kind: cls for cls in (Eagle3Kind, MtpKind, MedusaKind, PEagleKind, DFlashKind, DSparkKind)
 }
 
 
