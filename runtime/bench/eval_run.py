@@ -49,6 +49,8 @@ class EvalRequest:
     cpu_linears: str = "auto"
     quantize: str = "none"
     group_size: int | None = None
+    quantize_draft: str = "none"  # the drafts' own linears (a drafter without weights runs as it is)
+    draft_group_size: int | None = None
     command: str = ""
 
     def methods(self) -> list[tuple[str, str | None]]:
@@ -112,7 +114,13 @@ def run_eval(req: EvalRequest, target=None) -> dict:
     from draftsmith.runtime.speculator import SpecConfig, prepare_target
 
     all_params = check_request(req)
-    configs = {m: SpecConfig(m[0], m[1], batch_sizes=[1, req.batch_size]).validate() for m in req.methods()}
+    draft_quant = dict(
+        quantize_draft=req.quantize_draft, draft_group_size=req.draft_group_size, weightless_ok=True
+    )
+    configs = {
+        m: SpecConfig(m[0], m[1], batch_sizes=[1, req.batch_size], **draft_quant).validate()
+        for m in req.methods()
+    }
     quant = parse_quantize(req.quantize, req.group_size)
     sets = load_sets(req)  # before the target loads: a missing file costs nothing
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
@@ -159,6 +167,7 @@ def eval_method(req: EvalRequest, target, cfg, sets, prompt_ids, all_params) -> 
                         "draft": draft_pins(cfg.draft),
                         "tree": cfg.tree or f"chain:{depth}",
                         "K": depth,
+                        "draft_quantization": speculator.draft_quantization,  # None: unquantized
                         "temperature": params.temperature,
                         "set": pin["set"],
                         **records(prompts, results),

@@ -82,7 +82,8 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 AS_GIVEN = (
-    "target", "device", "dtype", "attention", "cpu_linears", "quantize", "group_size",
+    "target", "device", "dtype", "attention", "cpu_linears", "quantize", "group_size", "quantize_draft",
+    "draft_group_size",
     "num_prompts", "max_new_tokens", "temperatures", "top_p", "top_k", "seed", "batch_size", "out",
 )  # fmt: skip
 

@@ -185,6 +185,7 @@ def test_plots_and_json_on_stdout(tiny_dir, tmp_path, capsys):
         (["--draft", "ngram", "--draft", "ngram"], "each draft and tree once"),
         (["--draft", "none"], "a drafter"),
         (["--draft", "ngram", "--batch-size", "0"], "--batch-size"),
+        (["--draft", "ngram", "--quantize-draft", "int3"], "--quantize-draft"),
     ],
 )
 def test_bad_input_exits_2(tiny_dir, tmp_path, capsys, extra, message):
