@@ -34,7 +34,7 @@ from draftsmith.runtime.drafters.drafter import on_target, param_ratio
 from draftsmith.runtime.drafters.grower import Level, ModelDrafter
 from draftsmith.runtime.drafters.lm_drafter import pending_inputs
 from draftsmith.runtime.errors import BadInputError
-from draftsmith.runtime.heads.dflash import DFlashHead, block_mask, check_block_size
+from draftsmith.runtime.heads.dflash import DFlashHead, block_mask, check_block_size, in_window
 from draftsmith.runtime.heads.medusa_tree import parse_medusa_tree
 from draftsmith.runtime.verify.draft_batch import to_device
 from draftsmith.runtime.verify.draft_tree import CycleTree
@@ -113,7 +113,8 @@ class DFlashSteps:
         length = cache.length
         keys = [k[:, :, :length] for k in cache.keys]  # [B, nkv, C, d] per layer
         values = [v[:, :, :length] for v in cache.values]
-        mask = block_mask(cache.valid[:, :length], self.block)  # [B, 1, S, C + S]
+        seen = in_window(cache.valid[:, :length], head.config.window)  # [B, C]
+        mask = block_mask(seen, self.block)  # [B, 1, S, C + S]
         h = head(self.target.embed(ids), positions, keys, values, mask)  # [B, S, H]
         self.forwards += 1
         return h[:, 1 : depth + 1], positions

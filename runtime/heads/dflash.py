@@ -56,6 +56,7 @@ class DFlashConfig(FeatureHeadConfig):
     layer: dict = field(default_factory=dict)  # the draft layers' fields (eagle3.py LAYER_KEYS)
     head_type: str = "dflash"
     target_model_type: str | None = None  # the target's text model_type (runtime/core/families.py)
+    window: int | None = None  # sliding window: the block sees the last `window` context tokens (None: all)
 
     @classmethod
     def for_target(
@@ -80,7 +81,23 @@ class DFlashConfig(FeatureHeadConfig):
         check_feature_head(self, num_target_layers)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise BadInputError("mask_token_id", self.mask_token_id, f"a token id in [0, {self.vocab_size})")
+        check_window(self.window, "window")
         return self
+
+
+def check_window(window, field: str, trained: int | None = None) -> int | None:
+    """None (full attention) or an integer in [1, trained context]: a window longer than the context the
+    head was trained on never cut its attention in training, so serving with it is untested."""
+    top = f"[1, {trained}] (the trained context, data.max_length)" if trained else ">= 1"
+    bad = (
+        isinstance(window, bool)
+        or not isinstance(window, int)
+        or window < 1
+        or (trained and window > trained)
+    )
+    if window is not None and bad:
+        raise BadInputError(field, window, f"null (full attention) or an integer in {top}")
+    return window
 
 
 def check_block_size(size, field: str, trained: int | None = None) -> int:
@@ -222,6 +239,15 @@ class DFlashHead(nn.Module, DraftVocab):
 
     def save_pretrained(self, folder: str | Path) -> None:
         save_head_files(self, folder, "dflash")
+
+
+def in_window(context_valid: torch.Tensor, window: int | None) -> torch.Tensor:
+    """context_valid [B, C] (a row's context tokens in position order, padding holes between them) -> the
+    ones among the row's last `window` (speculators' sliding window: positions >= anchor - window)."""
+    if window is None:
+        return context_valid
+    seen_after = context_valid.flip(1).cumsum(1).flip(1)  # [B, C]: valid slots from here to the end
+    return context_valid & (seen_after <= window)
 
 
 def block_mask(context_valid: torch.Tensor, block: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from draftsmith.runtime.errors import BadInputError, read_json
-from draftsmith.runtime.heads.dflash import DEFAULT_BLOCK, check_block_size
+from draftsmith.runtime.heads.dflash import DEFAULT_BLOCK, check_block_size, check_window
 from draftsmith.runtime.heads.head_kind import DEFAULT_DEPTH, HeadKind, HeadSection, Layout, VllmServe
 from draftsmith.runtime.heads.kind_parts import lazy_class, lazy_function, serve_speculators, write_checked
 
@@ -41,6 +41,7 @@ class DFlashSection(HeadSection):
     reduce_vocab: bool = True  # the LM head over the data steps' draft vocabulary (draft_vocab_size ids)
     max_anchors: int = 32  # blocks per row per step, at random supervised anchors (speculators: 512)
     loss_gamma: float = 7.0  # position j weighted exp(-(j-1)/gamma): the paper's 7 for blocks of 16
+    window: int | None = None  # sliding-window draft attention: the last `window` context tokens (None: all)
 
     def validate(self) -> DFlashSection:
         super().validate()
@@ -49,12 +50,16 @@ class DFlashSection(HeadSection):
         self.check_at_least("max_anchors", 1)
         if not self.loss_gamma > 0:
             raise BadInputError("head.loss_gamma", self.loss_gamma, "a number > 0")
+        check_window(self.window, "head.window")
         return self
+
+    def check_run(self, cfg) -> None:
+        check_window(self.window, "head.window", cfg.data.max_length)
 
     def head_options(self) -> dict:
         """DFlashConfig.for_target's keywords (trainer and preflight build the same head) and the anchors
         per row the memory preflight reads (DFlashKind.new_head drops them)."""
-        return self.keywords("block_size", "num_layers", "mask_token_id", "max_anchors")
+        return self.keywords("block_size", "num_layers", "mask_token_id", "max_anchors", "window")
 
 
 # ---- drafting ---------------------------------------------------------------------------------------------
@@ -114,6 +119,10 @@ def write_zlab(folder: Path, out: Path, options: LayoutOptions) -> Written:
     from draftsmith.runtime.heads.dflash_layout import to_zlab
 
     head = load_head(folder)
+    if head.config.window is not None:
+        raise BadInputError(
+            "--format", "dflash", "speculators for a head with a sliding window (z-lab's layout carries none)"
+        )
     target = options.target or head.config.target
     where = local_target_folder(target)
     if where is None:

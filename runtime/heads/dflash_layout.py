@@ -111,6 +111,10 @@ def to_speculators(
         "torch_dtype": dtype,
         "draftsmith": _provenance(cfg),
     }
+    if cfg.window is not None:  # speculators#749: every draft layer a (non-causal) sliding-window layer
+        layer = config["transformer_layer_config"]
+        layer.update(sliding_window=cfg.window, layer_types=["sliding_attention"] * cfg.num_layers)
+        layer.update(use_sliding_window=True, max_window_layers=0)  # Qwen3Config drops the window without
     return config, _tensors(head)
 
 
@@ -158,10 +162,14 @@ def _engine_facts(config: dict, layout: str) -> dict:
         layer = config["transformer_layer_config"]
         aux = [i - 1 for i in config["aux_hidden_state_layer_ids"]]
         mask, block = config["mask_token_id"], config["block_size"]
+        sliding = "sliding_attention" in (layer.get("layer_types") or [])
+        window = layer.get("sliding_window") if sliding else None
     else:
         layer, dflash = config, config["dflash_config"]
         aux, mask, block = list(dflash["target_layer_ids"]), dflash["mask_token_id"], config["block_size"]
+        window = None
     return {
+        "window": window,
         "aux_layer_ids": aux,
         "mask_token_id": mask,
         "block_size": block,

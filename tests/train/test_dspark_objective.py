@@ -144,6 +144,7 @@ def test_trains_with_the_recipe_and_decodes_losslessly(trained_run, tiny_target)
         (["head.markov_rank=16", "head.markov_head_type=rnn"], "head.markov_head_type"),
         (["head.markov_rank=16", "head.confidence_weight=-1"], "head.confidence_weight"),
         (["head.num_heads=2"], "num_heads is an option of head.type=medusa"),
+        (["head.markov_rank=16", "head.window=65"], "head.window"),  # the tiny runs' data.max_length is 64
     ],
 )
 def test_bad_head_keys_exit_2(trained_run, tiny_dir, tmp_path, capsys, bad, says):

@@ -57,12 +57,17 @@ def select_anchors(eligible: torch.Tensor, count: int, generator=None) -> tuple[
     return anchors, valid
 
 
-def anchor_mask(anchors: torch.Tensor, valid: torch.Tensor, block: int) -> torch.Tensor:
-    """[B, 1, A*S, T + A*S]: block j's queries see valid context positions < anchors[j] and block j."""
+def anchor_mask(
+    anchors: torch.Tensor, valid: torch.Tensor, block: int, window: int | None = None
+) -> torch.Tensor:
+    """[B, 1, A*S, T + A*S]: block j's queries see valid context positions < anchors[j] (and >= anchors[j] -
+    window with a sliding window, speculators' `in_window`) and block j."""
     batch, count = anchors.shape
     length = valid.shape[1]
     query_anchor = anchors.repeat_interleave(block, dim=1)  # [B, Q]
     context = torch.arange(length, device=anchors.device)[None, None] < query_anchor[..., None]  # [B, Q, T]
+    if window is not None:
+        context &= torch.arange(length, device=anchors.device)[None, None] >= query_anchor[..., None] - window
     context &= valid[:, None, :]
     blocks = torch.arange(count * block, device=anchors.device) // block
     own = (blocks[:, None] == blocks[None, :]).expand(batch, -1, -1)  # [B, Q, Q]
@@ -146,7 +151,7 @@ def dflash_blocks(
         embeds = embed(tokens.flatten(1))  # [B, Q, H]
     fused = head.fuse(batch.features)  # [B, T, H]
     keys, values = head.context_kv(fused, torch.arange(length, device=device)[None].expand(batch_size, -1))
-    mask = anchor_mask(anchors, valid, size)
+    mask = anchor_mask(anchors, valid, size, head.config.window)
     h = head(embeds, positions.flatten(1), keys, values, mask)  # [B, Q, H]
     picked = counted.flatten(1)  # [B, Q]
     goal = probs[rows.flatten(1)[picked]]  # [n, Vd]
