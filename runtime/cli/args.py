@@ -122,6 +122,12 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16")
 
 
+def add_drafts_args(p: argparse.ArgumentParser, draft_help: str, tree_help: str) -> None:
+    """--draft and --tree, both repeatable: the drafts a verb compares (bench, eval), each with each tree."""
+    p.add_argument("--draft", action="append", default=[], help=draft_help)
+    p.add_argument("--tree", action="append", default=None, help=tree_help)
+
+
 def add_placement_args(p: argparse.ArgumentParser, replicate: str) -> None:
     """Where the target lives when torchrun starts the verb on several processes (runtime/core/split_run.py,
     draftsmith.data_recipes.tp_steps); `replicate` says what replicate means for the verb."""

@@ -8,6 +8,7 @@ import shlex
 from draftsmith.runtime.bench.types import BASELINE_KINDS, is_baseline
 from draftsmith.runtime.cli import verb_texts
 from draftsmith.runtime.cli.args import (
+    add_drafts_args,
     add_placement_args,
     add_target_args,
     add_target_runtime_args,
@@ -56,19 +57,11 @@ def add_bench(sub) -> None:
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
     """The drafts timed: each --draft with each --tree (DRAFT@TREE keeps its own)."""
-    p.add_argument(
-        "--draft",
-        action="append",
-        default=[],
-        help="a draft spec (repeatable); DRAFT@TREE keeps its tree, DRAFT@TREE+graphs runs it on CUDA graphs",
-    )
-    p.add_argument(
-        "--tree",
-        action="append",
-        default=None,
-        help="tree spec for each draft (repeatable): chain:K, "
-        "static:..., dynamic:..., auto:K (load-aware); default: chain:2 and auto:2 (depth 1 for a one-module "
-        "MTP head)",
+    add_drafts_args(
+        p,
+        "a draft spec (repeatable); DRAFT@TREE keeps its tree, DRAFT@TREE+graphs runs it on CUDA graphs",
+        "tree spec for each draft (repeatable): chain:K, static:..., dynamic:..., auto:K (load-aware); "
+        "default: chain:2 and auto:2 (depth 1 for a one-module MTP head)",
     )
 
 

@@ -11,6 +11,7 @@ import shlex
 
 from draftsmith.runtime.cli import verb_texts
 from draftsmith.runtime.cli.args import (
+    add_drafts_args,
     add_target_args,
     add_target_runtime_args,
     add_verb,
@@ -31,19 +32,12 @@ def add_eval(sub) -> None:
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--draft",
-        action="append",
-        default=[],
-        help="a draft spec, as generate takes it (repeatable: the leaderboard ranks them); DRAFT@TREE keeps "
+    add_drafts_args(
+        p,
+        "a draft spec, as generate takes it (repeatable: the leaderboard ranks them); DRAFT@TREE keeps "
         "its tree",
-    )
-    p.add_argument(
-        "--tree",
-        action="append",
-        default=None,
-        help="tree for each draft without @TREE (repeatable): chain:K, static:..., dynamic:...; default: "
-        "the draft's own chain (generate's)",
+        "tree for each draft without @TREE (repeatable): chain:K, static:..., dynamic:...; default: the "
+        "draft's own chain (generate's)",
     )
 
 

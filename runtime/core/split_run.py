@@ -26,14 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from draftsmith.runtime.core.launch import (
-    DEFAULT_TIMEOUT_S,
-    Launch,
-    check_timeout,
-    process_group,
-    rank_device,
-    waiting,
-)
+from draftsmith.runtime.core import launch as ranks  # torchrun's word on this process, its group, waits
 from draftsmith.runtime.core.placement import Layout, check_placement, driving, follow
 from draftsmith.runtime.errors import BadInputError, renamed_fields
 
@@ -48,7 +41,7 @@ class Split:
     placement: str = "replicate"
     tp_size: int | None = None
     ep_size: int | None = None
-    timeout_s: int = DEFAULT_TIMEOUT_S
+    timeout_s: int = ranks.DEFAULT_TIMEOUT_S
 
     @property
     def size(self) -> int | None:
@@ -67,10 +60,10 @@ def launch_line(verb: str, split: Split) -> str:
     )
 
 
-def plan_split(split: Split, verb: str, target_spec: str, launch: Launch) -> Layout | None:
+def plan_split(split: Split, verb: str, target_spec: str, launch: ranks.Launch) -> Layout | None:
     """This rank's layout (None: the whole target here), or a BadInputError naming the flag, before the
     target loads."""
-    check_timeout(split.timeout_s)
+    ranks.check_timeout(split.timeout_s)
     if not split.split:
         if launch.world > 1:
             raise BadInputError(
@@ -121,16 +114,16 @@ def run_split(
     returns its result there and None on the followers."""
     from draftsmith.runtime.core.target import Target
 
-    launch = Launch.from_env()
+    launch = ranks.Launch.from_env()
     layout = plan_split(split, verb, target_spec, launch)
     if layout is None:
         return work(Target.load(target_spec, device=device, dtype=dtype))
-    device = rank_device(device, launch)
-    with process_group(device, split.timeout_s):
+    device = ranks.rank_device(device, launch)
+    with ranks.process_group(device, split.timeout_s):
         target = Target.load(target_spec, device=device, dtype=dtype, layout=layout)
         if layout.tp_rank != 0:
-            with waiting(launch.rank, split.timeout_s, "the next call of its group's rank 0"):
+            with ranks.waiting(launch.rank, split.timeout_s, "the next call of its group's rank 0"):
                 follow(target)
             return None
-        with waiting(launch.rank, split.timeout_s, "the group's other ranks"), driving(target):
+        with ranks.waiting(launch.rank, split.timeout_s, "the group's other ranks"), driving(target):
             return work(target)

@@ -155,12 +155,19 @@ def dflash_drafter(
     """The drafter factory: the head on the target's device and dtype, a tree spec (string or parsed;
     None = chain:min(2, S-1)); its cost the head's parameters over the target's, spread over the depths
     one forward drafts (a one-pass drafter's cost does not grow with depth)."""
+    head, size, tree, cost = block_drafter_setup(target, head, tree, block)
+    return ModelDrafter(DFlashSteps(head, target, size), tree, "dflash", cost, children)
+
+
+def block_drafter_setup(target, head, tree: TreeSpec | str | None, block: int | None):
+    """A block drafter's (DFlash's, DSpark's) build: -> (the head on the target's device and dtype, the block
+    size, the tree (None = chain:min(2, S-1); a string parsed, cartesian:K1,.. as per-position top-k), its
+    cost: the head's parameters over the target's, spread over the depths one forward drafts)."""
     size = check_block_size(block or head.config.block_size, "--draft #block", head.config.block_size)
     if tree is None:
         tree = chain(min(DEFAULT_DEPTH, size - 1))
     elif isinstance(tree, str):
-        tree = parse_medusa_tree(tree)  # cartesian:K1,.. is a tree over per-position top-k
+        tree = parse_medusa_tree(tree)
     check_depth(tree, size)
     head = on_target(head, target)
-    cost = param_ratio(head, target) / max(tree.max_depth, 1)
-    return ModelDrafter(DFlashSteps(head, target, size), tree, "dflash", cost, children)
+    return head, size, tree, param_ratio(head, target) / max(tree.max_depth, 1)

@@ -26,15 +26,12 @@ from dataclasses import replace
 
 import torch
 
-from draftsmith.runtime.drafters.dflash_drafter import DFlashSteps, check_depth
-from draftsmith.runtime.drafters.drafter import on_target, param_ratio
+from draftsmith.runtime.drafters.dflash_drafter import DFlashSteps, block_drafter_setup
 from draftsmith.runtime.drafters.grower import Level, ModelDrafter
-from draftsmith.runtime.heads.dflash import check_block_size
 from draftsmith.runtime.heads.dspark import DSparkHead
-from draftsmith.runtime.heads.medusa_tree import parse_medusa_tree
 from draftsmith.runtime.verify.draft_batch import DraftBatch, to_device
 from draftsmith.runtime.verify.draft_tree import CycleTree
-from draftsmith.runtime.verify.tree import TreeSpec, chain
+from draftsmith.runtime.verify.tree import TreeSpec
 
 DEFAULT_DEPTH = 2  # head_kind.DEFAULT_DEPTH, as DFlash's
 
@@ -132,12 +129,5 @@ def dspark_drafter(
 ) -> DSparkDrafter:
     """The drafter factory (dflash_drafter's contract): the head on the target's device and dtype, a tree
     spec (string or parsed; None = chain:min(2, S-1)), a block no larger than the trained one."""
-    size = check_block_size(block or head.config.block_size, "--draft #block", head.config.block_size)
-    if tree is None:
-        tree = chain(min(DEFAULT_DEPTH, size - 1))
-    elif isinstance(tree, str):
-        tree = parse_medusa_tree(tree)  # cartesian:K1,.. is a tree over per-position top-k
-    check_depth(tree, size)
-    head = on_target(head, target)
-    cost = param_ratio(head, target) / max(tree.max_depth, 1)
+    head, size, tree, cost = block_drafter_setup(target, head, tree, block)
     return DSparkDrafter(DSparkSteps(head, target, size), tree, "dspark", cost, children)

@@ -82,14 +82,7 @@ class AdaptiveVerify:
             self.depth_counts[k] += 1
         return drafts.prefixes(self.kept)
 
-    def observe(
-        self,
-        batch: int,
-        depth: int,
-        accepted_lengths: list[int],
-        draft_s: float,
-        rows: list[int] | None = None,
-    ) -> None:
+    def observe(self, batch: int, depth: int, accepted_lengths: list[int], draft_s: float, rows=None) -> None:
         """After a cycle, for the running `rows` of the batch (accepted_lengths in their order): node j + 1 of
         a row was tried iff the row kept it and nodes <= j were accepted."""
         kept = self.kept if rows is None else [self.kept[i] for i in rows]

@@ -192,14 +192,7 @@ class LoadAwareDepth:
         """The drafts as they are: the depth was chosen before drafting (adaptive verification cuts here)."""
         return drafts
 
-    def observe(
-        self,
-        batch: int,
-        depth: int,
-        accepted_lengths: list[int],
-        draft_s: float,
-        rows: list[int] | None = None,
-    ) -> None:
+    def observe(self, batch: int, depth: int, accepted_lengths: list[int], draft_s: float, rows=None) -> None:
         """After a cycle at `depth`: each running row's accepted length and the drafter's wall time (`rows`,
         the running rows' places in the batch, matter to adaptive verification only)."""
         if depth == 0:
