@@ -17,7 +17,7 @@ from draftsmith.data_recipes import engine_choice, vllm_engine
 from draftsmith.data_recipes.engine_choice import Facts, TargetFacts
 from draftsmith.data_recipes.prepare import prepare
 from draftsmith.data_recipes.vllm_engine import VllmInstall
-from draftsmith.runtime.cli.data import add_engine_args, add_placement_args
+from draftsmith.runtime.cli.data import DATA_REPLICATE, add_engine_args, add_placement_args
 from draftsmith.runtime.core.engine import decode_batch
 from draftsmith.runtime.verify.sampling import SamplingParams
 
@@ -47,7 +47,7 @@ def parse(*argv):
     p.add_argument("--device", default="auto")
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--out", default=None)
-    add_placement_args(p)
+    add_placement_args(p, DATA_REPLICATE)
     add_engine_args(p)
     return p.parse_args(list(argv))
 
