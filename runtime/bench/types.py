@@ -116,8 +116,9 @@ def is_baseline(name: str) -> bool:
 
 
 class Method:
-    """A bench method: decodes a batch of token-id prompts (runtime/bench/methods.py builds them;
-    runtime/bench/vllm_method.py is one)."""
+    """A bench method: decodes a batch of token-id prompts with its own `run(prompts, params, max_new_tokens,
+    seed) -> BatchOutput` (runtime/bench/methods.py builds them; runtime/bench/vllm_method.py is one). The
+    base keeps only the shared, optional parts: batch limits, reset, close."""
 
     name: str
     max_batch: int | None = None  # None: any batch size
@@ -129,9 +130,6 @@ class Method:
         if self.max_batch is not None and batch > self.max_batch:
             return f"{self.name} decodes one sequence at a time (transformers' assisted generation)"
         return None
-
-    def run(self, prompts: list[list[int]], params: SamplingParams, max_new_tokens: int, seed: int):
-        raise NotImplementedError
 
     def reset(self) -> None:
         """Forget what was learned from earlier requests (a new temperature / batch-size block)."""
