@@ -52,7 +52,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(folder: Path, placement: str, size: int, what: str, out: Path) -> dict:
+def torchrun(size: int, *argv: str, timeout: int = 480) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run` with `size` processes, one thread each, on a free port."""
     cmd = [
         sys.executable,
         "-m",
@@ -61,8 +62,11 @@ def launch(folder: Path, placement: str, size: int, what: str, out: Path) -> dic
         f"--master-port={free_port()}",
     ]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    args = [str(WORKER), str(folder), placement, str(size), what, str(out)]
-    done = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=480, cwd=ROOT)
+    return subprocess.run([*cmd, *argv], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def launch(folder: Path, placement: str, size: int, what: str, out: Path) -> dict:
+    done = torchrun(size, str(WORKER), str(folder), placement, str(size), what, str(out))
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -160,17 +164,8 @@ def test_sampled_speculation_on_a_split_target_keeps_its_law(setup, tmp_path):
 def test_a_follower_that_dies_ends_rank_0_with_an_error_not_a_hang(tmp_path):
     folder = llama_dir(tmp_path / "llama")
     out = tmp_path / "died.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=2",
-        f"--master-port={free_port()}",
-    ]
-    args = [str(WORKER), str(folder), "tp", "2", "follower dies", str(out)]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    done = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    done = torchrun(2, str(WORKER), str(folder), "tp", "2", "follower dies", str(out), timeout=240)
     assert done.returncode != 0  # torchrun reports the follower's exit
     assert time.perf_counter() - start < 100  # well inside the worker's 120 s process-group timeout
     error = json.loads(out.read_text())["error"]
@@ -178,22 +173,7 @@ def test_a_follower_that_dies_ends_rank_0_with_an_error_not_a_hang(tmp_path):
 
 
 def torchrun_cli(argv: list[str], size: int = 2) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={size}",
-        f"--master-port={free_port()}",
-    ]
-    env = os.environ | {"OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [*cmd, "-m", "draftsmith.runtime.cli", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
+    return torchrun(size, "-m", "draftsmith.runtime.cli", *argv, timeout=300)
 
 
 def test_generate_and_bench_run_on_a_split_target_under_torchrun(tmp_path):
