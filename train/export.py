@@ -58,6 +58,7 @@ class ExportRequest:
     speculative_tokens: int = 3  # drafted tokens per step in the speculators config and serve commands
     any_target: bool = False  # a co-trained eagle3 head for another target (runtime/heads/eagle3_binding.py)
     quantize: str | None = None  # fp8 (eagle3 --engine vllm, speculators) or int8 (draftsmith folder)
+    llamacpp: str = ".venv-llamacpp"  # gguf: the llama.cpp setup (scripts/setup_llamacpp.sh) converting it
     license: str | None = None
     push_to_hub: str | None = None
     private: bool = False
@@ -77,7 +78,13 @@ def export(req: ExportRequest) -> Path:
     tmp.chmod(0o755)  # mkdtemp makes it private; an export is meant to be shared
     try:
         options = LayoutOptions(
-            req.engine, req.verifier, req.target, req.speculative_tokens, req.any_target, req.quantize
+            req.engine,
+            req.verifier,
+            req.target,
+            req.speculative_tokens,
+            req.any_target,
+            req.quantize,
+            req.llamacpp,
         )
         if req.quantize == "int8":  # draftsmith's own folder, int8 (runtime/heads/int8_folder.py)
             from draftsmith.runtime.heads.int8_folder import write_int8_export
@@ -135,7 +142,12 @@ def _check_request(req: ExportRequest, kind: HeadKind):
         raise BadInputError("--format", req.format, f"one of {', '.join(fits)}")
     layouts = kind.all_layouts()
     if req.format not in layouts:
-        raise BadInputError("--format", req.format, f"a format for a {kind.name} head: {', '.join(layouts)}")
+        raise BadInputError(
+            "--format",
+            req.format,
+            f"a format for a {kind.name} head: {', '.join(layouts)}",
+            f"{req.format} is written for {', '.join(fits[req.format])} heads",
+        )
     if not 1 <= req.speculative_tokens <= 16:
         raise BadInputError("--num-speculative-tokens", req.speculative_tokens, "an integer in [1, 16]")
     if req.engine not in ENGINES:

@@ -23,6 +23,7 @@ EXAMPLES = (
     "  draftsmith export runs/mtp-smollm2-135m --format mtp --out exports/mtp-deepseek\n"
     "  draftsmith export runs/medusa-smollm2-135m --format medusa --out exports/medusa-vllm\n"
     "  draftsmith export runs/eagle3-smollm2-135m --format speculators --quantize fp8 --out exports/fp8\n"
+    "  draftsmith export runs/eagle3-smollm2-135m --format gguf --out exports/eagle3-gguf   # llama.cpp\n"
     "  draftsmith export runs/eagle3-smollm2-135m --quantize int8 --out exports/eagle3-int8"
 )
 
@@ -98,6 +99,12 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
         "draftsmith's own int8 CPU folder (--format draftsmith, any kind). The card states the precision",
     )
     p.add_argument(
+        "--llamacpp",
+        default=".venv-llamacpp",
+        help="gguf format: the llama.cpp setup whose converter writes the file "
+        "(bash scripts/setup_llamacpp.sh)",
+    )
+    p.add_argument(
         "--num-speculative-tokens",
         type=int,
         default=3,
@@ -145,6 +152,7 @@ def run_export(args: argparse.Namespace) -> None:
             speculative_tokens=args.num_speculative_tokens,
             any_target=args.any_target,
             quantize=args.quantize,
+            llamacpp=args.llamacpp,
             license=args.license,
             push_to_hub=args.push_to_hub,
             private=args.private,

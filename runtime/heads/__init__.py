@@ -18,6 +18,7 @@
   `mtp_stream` writes it shard by shard),
   `medusa_layout` (vLLM's medusa, FasterDecoding's on import), `dflash_layout` (speculators', z-lab's),
   `dspark_layout` (speculators' DSpark);
+- `eagle3_gguf`: an EAGLE-3 head as llama.cpp's GGUF, written by llama.cpp's own converter and checked.
 - `int8_folder`: any kind's head stored int8 in draftsmith's folder, loaded as int8 by `--draft`.
 - `fp8_checkpoint`: EAGLE-3 exports in FP8 with the compressed-tensors `quantization_config` vLLM loads,
   read back (dequantized) by the EAGLE-3 readers; which layout `export --quantize` accepts.

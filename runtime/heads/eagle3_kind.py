@@ -140,6 +140,38 @@ def _verifier_facts(verifier: str) -> dict:
     return {"architectures": architectures}
 
 
+def write_gguf(folder: Path, out: Path, options: LayoutOptions) -> Written:
+    """llama.cpp's GGUF (runtime/heads/eagle3_gguf.py), converted from the official folder with vLLM's ids
+    (llama.cpp's convention too) by the pinned llama.cpp's converter, the target's tokenizer inside."""
+    from draftsmith.runtime.core.targets import local_target_folder
+    from draftsmith.runtime.errors import BadInputError
+    from draftsmith.runtime.heads.eagle3 import load_head
+    from draftsmith.runtime.heads.eagle3_gguf import LLAMACPP_RELEASE, check_gguf_head, llamacpp_ids
+    from draftsmith.runtime.heads.eagle3_gguf import write_gguf as convert
+    from draftsmith.runtime.heads.head_kind import Written
+    from draftsmith.runtime.heads.layouts import to_official
+
+    head = load_head(folder)
+    check_gguf_head(head.config)
+    check_export_target(head.config, options.target, "--target", options.any_target, folder)
+    where = options.target or head.config.target
+    target_dir = local_target_folder(where, head.config.target_weights_hash)
+    if target_dir is None:
+        raise BadInputError(
+            "--target", where, "the target's folder on this machine: the GGUF carries its tokenizer"
+        )
+    config, tensors = to_official(head, engine="vllm")
+    convert(head, (config, tensors), target_dir, options.llamacpp, out)
+    ids = llamacpp_ids(head.config.aux_layer_ids)
+    details = [
+        f"aux layers (0-based decoder-layer outputs): {head.config.aux_layer_ids}; written as llama.cpp's "
+        f"target_layers {ids} (the inputs of those layers, which llama.cpp extracts)",
+        f"read by {LLAMACPP_RELEASE}; weights F32 (exact for the head's {head.fc.weight.dtype})",
+        f"the target's tokenizer from {target_dir}",
+    ]
+    return Written.of_head(head.config, tensors, details, precision="float32 (GGUF F32)")
+
+
 # ---- the model card's serve texts -------------------------------------------------------------------------
 def serve_official(args: ServeArgs) -> str:
     k, other = args.speculative_tokens, "vllm" if args.engine == "sglang" else "sglang"
@@ -152,6 +184,17 @@ def serve_official(args: ServeArgs) -> str:
         "```\n\n"
         f"vLLM:\n\n{VLLM.serve_command(args)}\n"
         f"draftsmith:\n\n{args.generate}"
+    )
+
+
+def serve_gguf(args: ServeArgs) -> str:
+    k = args.speculative_tokens
+    return (
+        "## Serve\n\nWith llama.cpp (the target as a GGUF of the same weights, e.g. "
+        "`bash scripts/setup_llamacpp.sh --gguf F32`):\n\n"
+        f"```bash\nllama-server -m TARGET.gguf --spec-draft-model {args.repo}/head.gguf "
+        f"--spec-type draft-eagle3 --spec-draft-n-max {k}\n```\n\n"
+        f"draftsmith (this head's own folder, not the GGUF):\n\n{args.generate}"
     )
 
 
@@ -181,6 +224,14 @@ KIND = HeadKind(
             about="vLLM's native layout (speculators_config, layers.0.*, aux ids in vLLM's convention): "
             "`vllm serve DIR`",
             fp8="any",
+        ),
+        "gguf": Layout(
+            write=write_gguf,
+            serve=serve_gguf,
+            reads="target",
+            about="llama.cpp's GGUF (head.gguf, `--spec-type draft-eagle3`), written by the converter of "
+            "llama.cpp in llama-cpp-python 0.3.36 (--llamacpp: scripts/setup_llamacpp.sh) with the target's "
+            "tokenizer, checked tensor by tensor",
         ),
     },
     vllm=VLLM,

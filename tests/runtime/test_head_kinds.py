@@ -44,6 +44,7 @@ def test_formats_map_each_layout_to_the_kinds_it_fits():
     assert head_kinds.formats() == {
         "draftsmith": ("eagle3", "mtp", "medusa", "peagle", "dflash", "dspark"),
         "eagle3": ("eagle3",),
+        "gguf": ("eagle3",),
         "speculators": ("eagle3", "peagle", "dflash", "dspark"),
         "mtp": ("mtp",),
         "mtp-mimo": ("mtp",),
