@@ -241,9 +241,9 @@ def save_head(head: MtpHead, folder: str | Path) -> None:
 
 
 def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
-    """Our folder (config.json + model.safetensors, runtime/heads/head_folder.py), or a model folder with
-    the modules inside it in DeepSeek's or MiMo's layout (runtime/heads/mtp_layout.py) -> (config, our
-    module tensors)."""
+    """Our folder (config.json + model.safetensors, runtime/heads/head_folder.py), a model folder with
+    the modules inside it in DeepSeek's or MiMo's layout (runtime/heads/mtp_layout.py), or speculators'
+    MTP layout (runtime/heads/mtp_speculators.py) -> (config, our module tensors)."""
     from draftsmith.runtime.core.artifacts import load_tensors
     from draftsmith.runtime.errors import read_json
 
@@ -259,6 +259,10 @@ def read_folder(folder: str | Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]
     files = {}
     for file in sorted(folder.glob("*.safetensors")):
         files.update(load_tensors(file, "mtp head"))
+    if raw.get("speculators_model_type") == "mtp":
+        from draftsmith.runtime.heads.mtp_speculators import from_speculators
+
+        return from_speculators(raw, files)
     if "MiMoForCausalLM" in (raw.get("architectures") or ()):
         return from_mimo(raw, files)
     return from_deepseek(raw, files)[:2]

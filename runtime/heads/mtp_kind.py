@@ -5,9 +5,9 @@ what a kind declares).
     KIND.all_layouts()["mtp-mimo"].write(head_folder, out, LayoutOptions())
 
 The modules are runtime/heads/mtp.py, their drafter runtime/drafters/mtp_drafter.py, DeepSeek's and MiMo's
-layouts runtime/heads/mtp_layout.py; this file ties them together and holds the export writers (the
-target's files with the modules appended, written shard by shard by runtime/heads/mtp_stream.py) and the
-model card's serve texts.
+layouts runtime/heads/mtp_layout.py, speculators' runtime/heads/mtp_speculators.py; this file ties them
+together and holds the export writers (the target's files with the modules appended, written shard by
+shard by runtime/heads/mtp_stream.py; speculators' one module alone) and the model card's serve texts.
 """
 
 from __future__ import annotations
@@ -138,6 +138,30 @@ def _write(folder: Path, out: Path, options: LayoutOptions, mimo: bool) -> Writt
     return Written(c.target, asdict(c), parameter_summary(ours) + " in the modules", details)
 
 
+def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Written:
+    """speculators' `mtp` layout: module 0 alone, the verifier named (speculators loads the embedding and
+    LM head from it), read back and compared; a verifier folder here must hold the modules' target."""
+    from draftsmith.runtime.core.targets import local_target_folder
+    from draftsmith.runtime.heads.kind_parts import write_checked
+    from draftsmith.runtime.heads.mtp import load_head
+    from draftsmith.runtime.heads.mtp_speculators import check_carries, exactness, to_speculators
+
+    head = load_head(folder)
+    c = head.config
+    check_carries(c)
+    if c.cotrained and not options.verifier:
+        raise BadInputError(
+            "--verifier", None, "the co-trained target (folder or Hub id): speculators reads its embedding"
+        )
+    verifier = options.verifier or c.target
+    found = local_target_folder(verifier)
+    if found is not None:
+        _check_target_weights(found, c)
+    layout = to_speculators(head, verifier, options.speculative_tokens)
+    details = [*exactness(c, options.speculative_tokens), f"verifier: {verifier}"]
+    return write_checked(out, head, layout, read_any, "speculators", details)
+
+
 def _mimo_exactness(config) -> str:
     """vLLM's MiMo MTP reads the target's pre-norm last state and zeroes the embedding at position 0;
     a module trained otherwise still serves losslessly there, with other (usually lower) acceptance."""
@@ -207,6 +231,18 @@ def serve_mimo(args: ServeArgs) -> str:
     )
 
 
+def serve_speculators(args: ServeArgs) -> str:
+    load = "from speculators.models.mtp import MTPDraftModel\n\n"
+    load += f'model = MTPDraftModel.from_pretrained("{args.repo}")'
+    return (
+        "## Use\n\nspeculators' MTP layout: one module as `mtp_layers.0`, the embedding and LM head read "
+        f"from the verifier in `speculators_config`:\n\n```python\n{load}\n```\n\n"
+        "vLLM maps a speculators `mtp` folder to an MTP model class by the verifier's architecture "
+        "(MiMo, Qwen3-Next, Qwen3.5); it has none for a dense Qwen3 verifier. draftsmith:\n\n"
+        f"{args.generate}"
+    )
+
+
 read_any = lazy_function("draftsmith.runtime.heads.mtp", "load_head")
 
 
@@ -234,6 +270,13 @@ KIND = HeadKind(
             reads="target",
             about="one MTP module in MiMo's layout (the target as MiMoForCausalLM: Qwen2 with zero q/k/v "
             'biases): vllm serve DIR --speculative-config \'{"method": "mtp", ...}\'',
+        ),
+        "speculators": Layout(
+            write=write_speculators,
+            serve=serve_speculators,
+            reads="verifier",
+            about="one MTP module in speculators' layout (speculators_model_type: mtp, mtp_layers.0.*; "
+            "Qwen3 targets): MTPDraftModel.from_pretrained(DIR)",
         ),
     },
     default_depth=default_depth,

@@ -45,7 +45,7 @@ def test_formats_map_each_layout_to_the_kinds_it_fits():
         "draftsmith": ("eagle3", "mtp", "medusa", "peagle", "dflash", "dspark"),
         "eagle3": ("eagle3",),
         "gguf": ("eagle3",),
-        "speculators": ("eagle3", "peagle", "dflash", "dspark"),
+        "speculators": ("eagle3", "mtp", "peagle", "dflash", "dspark"),
         "mtp": ("mtp",),
         "mtp-mimo": ("mtp",),
         "medusa": ("medusa",),
