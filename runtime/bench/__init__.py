@@ -3,10 +3,10 @@
 `run` (one bench run: build methods, time them per temperature and batch size, write the report), `methods`
 (the methods it times), `types` (what every method returns), `compare` (summaries, greedy identity,
 side-by-side rows), `cycle_fields` (draft / verify ms per cycle, draft share, +ssd cache metrics), `report`
-(results.json, report.md, plots), `prompt_sets` (held-out prompt sets), `bench_prompt` (what a prompt
-source yields), `roofline` (what plain decoding could reach), `side_by_side` (transformers' `generate()` on
-the same prompts), `vllm_method` (vLLM baselines through
-runtime/workers/vllm_worker.py), `llamacpp_method` (llama.cpp baselines through
+(results.json, report.md, plots), `calibration_report` (the survival estimates' ECE and reliability plot),
+`prompt_sets` (held-out prompt sets), `bench_prompt` (what a prompt source yields), `roofline` (what plain
+decoding could reach), `side_by_side` (transformers' `generate()` on the same prompts), `vllm_method` (vLLM
+baselines through runtime/workers/vllm_worker.py), `llamacpp_method` (llama.cpp baselines through
 runtime/workers/llamacpp_worker.py), `worker_method` (the process handling both share), `ssd_replay` (the SSD
 replay simulator: recorded cycles + a hardware pair's costs -> predicted tokens/s); `reading` (the demo's
 closing reading of its own rows: tau, the verify-cost curve, why a drafter lost or won). `eval_run`

@@ -13,7 +13,8 @@ so the same second prompt).
 Per row (method, temperature, batch size): tokens/s and speedup over `plain` (summed tokens / summed wall
 time), the median per-batch speedup, TTFT and TPOT per request (median and p90), tau = new tokens / target
 forwards, acceptance per draft position, the distribution of accepted lengths, efficiency = speedup / tau,
-draft and verify ms per cycle and the share of wall time drafting (runtime/bench/cycle_fields.py),
+draft and verify ms per cycle and the share of wall time drafting (runtime/bench/cycle_fields.py), the
+survival estimates' calibration where the drafts carry them (runtime/bench/calibration_report.py),
 and at temperature 0 `greedy_identical`: every request's tokens equal plain decoding's, with the first
 mismatches listed (never averaged away), each judged by runtime/verify/near_tie.py's rule (bf16 and GPU
 numerics may flip a tie of the target's logits; a wrong token is never a near-tie). Rows are reported
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from draftsmith.runtime.bench.calibration_report import calibration_fields
 from draftsmith.runtime.bench.cycle_fields import cycle_fields
 from draftsmith.runtime.bench.prompt_sets import BenchPrompt
 from draftsmith.runtime.bench.types import BatchOutput, SpecCounters
@@ -165,6 +167,7 @@ def summarize(
     }
     row.update(spec_fields(runs, tokens, row["speedup_vs_plain"]))
     row.update(cycle_fields([out for r in runs for _, out in r.turns]))  # draft / verify ms per cycle, SSD
+    row.update(calibration_fields([out for r in runs for _, out in r.turns]))  # survival estimates' ECE
     if params.greedy:
         row.update(greedy_fields(reqs, plain_reqs, runs, target))
     return row

@@ -65,14 +65,19 @@ class DraftsmithMethod(Method):
         self.speculator.reset()
 
     def run(self, prompts, params, max_new_tokens, seed) -> BatchOutput:
-        batch = len(prompts)
+        from draftsmith.runtime.verify.calibration import SurvivalTally
+
+        batch, tally = len(prompts), SurvivalTally()  # sums on the device; read once the clock has stopped
         run = dict(max_new_tokens=max_new_tokens, seed=seed, batch_size=batch, sync_timing=self.sync_timing)
+        if self.drafter is not None:
+            run["calibration"] = tally  # drafts with survival estimates: their calibration
         results = self.speculator.generate(prompts, params, **run)
         spec, timing = None, {}
         if self.drafter is not None:
             from draftsmith.runtime.bench.cycle_fields import batch_timing
 
             spec, timing = SpecCounters(), batch_timing(results)
+            timing["calibration"] = None if tally.sums is None else tally.sums.cpu()
             for r in results:
                 spec.add(SpecCounters.from_cycles(r.accepted_lengths, r.draft_depths))
             if hasattr(self.drafter, "batch_metrics"):  # +ssd: this call was one batch, the last one

@@ -5,7 +5,8 @@
 results.json is the list of rows (docs/architecture.md, section 5.4); meta.json holds what makes the run
 reproducible (command, versions, machine, seeds, request) plus skipped methods, per-category rows and the
 roofline. report.md puts them in one page. Plots (matplotlib, Agg): speedup vs batch size per method,
-acceptance per draft position, and the distribution of accepted lengths per cycle.
+acceptance per draft position, the distribution of accepted lengths per cycle, and for drafts with
+survival estimates their reliability (runtime/bench/calibration_report.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 from pathlib import Path
 
+from draftsmith.runtime.bench.calibration_report import calibration_table
 from draftsmith.runtime.bench.cycle_fields import ssd_table
 from draftsmith.runtime.core.config import atomic_write_text
 
@@ -165,6 +167,12 @@ def report_markdown(rows: list[dict], meta: dict, plots: list[str]) -> str:
     ]
     ssd = ssd_table(rows)
     parts += ["## SSD (in process)", "", ssd, ""] if ssd else []
+    calibration = calibration_table(rows)
+    if calibration:
+        parts += ["## Calibration of the survival estimates", "", calibration, "",
+                  "ECE over 10 equal-width bins of the predicted survival; a node counts when its parent was "
+                  "accepted (the conditional event the estimate predicts); lengths: drafted tokens accepted "
+                  "per verified draft (runtime/bench/calibration_report.py).", ""]  # fmt: skip
     if meta.get("skipped"):
         parts += [
             "Not run: "
@@ -249,7 +257,23 @@ def make_plots(out: Path, rows: list[dict]) -> list[str]:
         log.info("bench: matplotlib is not installed; no plots (pip install matplotlib)")
         return []
     files = [_speedup_plot(plt, out, rows), _acceptance_plot(plt, out, rows), _lengths_plot(plt, out, rows)]
+    files.append(_reliability_plot(out, rows))
     return [f for f in files if f]
+
+
+def _reliability_plot(out: Path, rows: list[dict]) -> str | None:
+    """The survival estimates' reliability per row that has them (every batch size: few nodes each), drawn
+    as training draws a confidence head's."""
+    from draftsmith.train.loop.metrics import reliability_plot
+
+    labels = plot_labels(r["method"] for r in rows)
+    series = [
+        (f"{labels[r['method']]} T={r['temperature']:g} b={r['batch_size']} ECE {r['calibration_error']:.3f}",
+         r["reliability"])
+        for r in rows
+        if r.get("reliability")
+    ]  # fmt: skip
+    return reliability_plot(out / "reliability.png", series)
 
 
 def _speedup_plot(plt, out: Path, rows: list[dict]) -> str:

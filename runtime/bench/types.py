@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from draftsmith.runtime.verify.calibration import CalibrationSums
     from draftsmith.runtime.verify.sampling import SamplingParams
 
 
@@ -82,6 +83,8 @@ class BatchOutput:
     draft_s: float | None = None
     verify_s: float | None = None
     ssd: dict | None = None  # `+ssd` methods: this batch's SsdDrafter.batch_metrics() entry
+    # drafts with survival estimates (a DSpark confidence head): this batch's calibration sums (CPU)
+    calibration: CalibrationSums | None = None
 
 
 BASELINE_KINDS = (  # what `--baselines` takes (runtime/bench/methods.py runs them)

@@ -43,6 +43,7 @@ from draftsmith.runtime.core.static_forward import GraphedForward
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.verify.adaptive import AdaptiveVerify
 from draftsmith.runtime.verify.batch_accept import Fetched, accept_batch, fetch
+from draftsmith.runtime.verify.calibration import SurvivalTally
 from draftsmith.runtime.verify.draft_batch import DraftBatch, to_device
 from draftsmith.runtime.verify.load_aware import LoadAwareDepth
 from draftsmith.runtime.verify.sampling import SamplingParams, make_generators, next_tokens
@@ -64,6 +65,7 @@ def generate_speculative(
     static: bool = False,
     sync_timing: bool = False,
     collectives: CollectiveCounter | None = None,
+    calibration: SurvivalTally | None = None,
 ) -> list[GenerationResult]:
     """Decode every prompt with speculation; rows are grouped into batches of `batch_size` in order.
     With a load-aware `policy`, each cycle drafts a chain of the depth it picks (0 = a plain step); with an
@@ -71,7 +73,9 @@ def generate_speculative(
     `static` verifies on a preallocated cache with CUDA graphs (runtime/core/static_forward.py); rows then
     stay in the batch until all finish (fixed shapes), their late outputs ignored. Each cycle's draft and
     verify time is recorded per row (`sync_timing`: synchronize CUDA at the phase boundaries,
-    runtime/core/cycle_timing.py); a `collectives` counter counts each phase's (a split target's)."""
+    runtime/core/cycle_timing.py); a `collectives` counter counts each phase's (a split target's); a
+    `calibration` tally sums each verified draft's survival against what was accepted (on the device,
+    runtime/verify/calibration.py)."""
     results: list[GenerationResult] = []
     desc = f"generate ({drafter.name})"
     for rows in batches(target, prompts, params, max_new_tokens, batch_size, progress, desc):
@@ -92,6 +96,7 @@ def generate_speculative(
             static,
             sync_timing,
             collectives,
+            calibration,
         )
     return results
 
@@ -137,6 +142,7 @@ def speculate_batch(
     static: bool = False,
     sync_timing: bool = False,
     collectives: CollectiveCounter | None = None,
+    calibration: SurvivalTally | None = None,
 ) -> list[GenerationResult]:
     start_time, clock = time.perf_counter(), PhaseClock(target.device, sync_timing, collectives)
     budget, layers = token_budgets(target, prompts, max_new_tokens), drafter.capture_layers
@@ -168,6 +174,8 @@ def speculate_batch(
             batch = policy.budget(batch, len(running)) if policy is not None else batch  # adaptive:K's cut
             got, features = verify(target, cache, batch, contexts, params, generators, layers, forward)
         accepted = [v.accepted for v in got.verdicts]
+        if calibration is not None:
+            calibration.add(batch, accepted)  # the verified drafts: after the adaptive cut
         with clock.phase("rollback", tally="draft"):  # the drafter's rollback counts as drafting
             if depth == 0:
                 drafter.skip(features)  # the drafter catches up at its next proposal

@@ -8,6 +8,7 @@
   (greedy identity up to near-ties for bf16/GPU runs);
 - `load_aware` (auto:K: each cycle's depth from measured costs and observed acceptance), `adaptive`
   (adaptive:K: each row verifies the prefix of its chain that pays best, by a stopping rule on the
-  drafter's survival estimates);
+  drafter's survival estimates), `calibration` (the expected calibration error of survival estimates and
+  a run's tally of them against what was accepted);
 - `ssd_fanout` (SSD's outcome prediction: the geometric fan-out, branch order, hit accounting).
 """

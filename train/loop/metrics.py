@@ -1,8 +1,11 @@
-"""Where training numbers go: `output_dir/metrics.jsonl`, the experiment tracker, and a PNG curve.
+"""Where training numbers go: `output_dir/metrics.jsonl`, the experiment tracker, a PNG curve and, for a
+confidence head, a reliability plot.
 
     writer = MetricsWriter(output_dir, resume_step)       # main process only
     writer.write({"step": 10, "loss": 2.1, ...})
     plot_curves(output_dir / "metrics.jsonl", output_dir / "training_curve.png")
+    plot_reliability(output_dir / "metrics.jsonl", output_dir / "reliability.png")  # confidence heads
+    reliability_plot(path, [(label, bins)])     # bins: runtime/verify/calibration.py's summary (bench too)
 
 metrics.jsonl has one JSON object per logged step (`kind` = "train" or "eval"). A resumed run first drops
 rows past its checkpoint's step, so the file reads as one uninterrupted run. Trackers: `wandb` (offline
@@ -110,3 +113,55 @@ def plot_curves(metrics: Path, out: Path) -> Path | None:
     plt.close(fig)
     os.replace(tmp, out)
     return out
+
+
+def plot_reliability(metrics: Path, out: Path) -> str | None:
+    """The last evaluation's reliability of a confidence head (rows with `reliability`: DSpark), drawn as
+    `bench` draws a draft's; None when no evaluation row has one."""
+    evals = [r for r in read_metrics(metrics) if r.get("kind") == "eval" and r.get("reliability")]
+    if not evals:
+        return None
+    last = evals[-1]
+    label = f"validation, step {last['step']}: ECE {last['calibration_error']:.3f}"
+    return reliability_plot(out, [(label, last["reliability"])], "confidence head vs realized acceptance")
+
+
+def reliability_plot(path: Path, series: list[tuple[str, list[dict]]], title: str = "") -> str | None:
+    """A confidence head's (or any survival estimate's, `bench`'s too) reliability: observed frequency vs
+    mean prediction per bin, one line per (label, reliability bins: runtime/verify/calibration.py's
+    summary), the diagonal (perfect calibration) dashed, each point's count written beside it, the counts
+    as bars below. None without matplotlib or without a counted bin."""
+    series = [(label, [b for b in bins if b["count"]]) for label, bins in series]
+    series = [(label, bins) for label, bins in series if bins]
+    if not series:
+        return None
+    if importlib.util.find_spec("matplotlib") is None:
+        log.info("no matplotlib: skipping %s (pip install 'draftsmith[train]')", path)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, counts) = plt.subplots(2, 1, figsize=(6, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    ax.plot([0, 1], [0, 1], "--", color="grey", lw=1, label="perfect calibration")
+    width = 0.8 / len(series) * (series[0][1][0]["bin"][1] - series[0][1][0]["bin"][0])
+    for i, (label, bins) in enumerate(series):
+        xs, ys = [b["predicted"] for b in bins], [b["observed"] for b in bins]
+        ax.plot(xs, ys, marker="o", label=label)
+        for b in bins:
+            ax.annotate(str(b["count"]), (b["predicted"], b["observed"]), fontsize=6,
+                        textcoords="offset points", xytext=(3, 3))  # fmt: skip
+        centers = [(b["bin"][0] + b["bin"][1]) / 2 + (i - (len(series) - 1) / 2) * width for b in bins]
+        counts.bar(centers, [b["count"] for b in bins], width, label=label)
+    ax.set(ylabel="observed acceptance frequency", xlim=(0, 1), ylim=(0, 1),
+           title=title or "reliability of the survival estimates")  # fmt: skip
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    counts.set(xlabel="predicted acceptance (bin mean; bars: bin ranges)", ylabel="nodes", yscale="log")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return str(path)

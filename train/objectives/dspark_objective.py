@@ -6,6 +6,7 @@ binary cross-entropy against each position's realized acceptance.
                       confidence_weight=1.0)
     out.loss.backward()       # the backbone, the Markov head and the confidence head all get gradients
     out.calibration_error     # expected calibration error of the confidence head over the counted slots
+    out.calibration           # its reducible sums (bins, per position): the evaluation pools them
     kind = DSparkKind(cfg, target, aux_layers, paths)     # what the trainer drives
 
 The blocks, anchors and counted slots are DFlash's (`dflash_blocks` in dflash_objective.py). Slot k's
@@ -20,7 +21,10 @@ draft's softmax over the draft vocabulary:
 each weighted exp(-(k - 1) / gamma) as DFlash's, summed as
   loss = distillation + tvd_weight * TVD + confidence_weight * confidence, over the counted slots.
 The evaluation adds the mean predicted and realized acceptance and the expected calibration error (10
-equal-width bins of the prediction). Tests: tests/train/test_dspark_objective.py.
+equal-width bins of the prediction; runtime/verify/calibration.py's, the function `bench` scores with):
+DSparkModel sums the validation slots' bins and per-position means while it is in eval mode, and the
+trainer's evaluation row reports them (`DSparkKind.eval_begin`, `eval_fields`).
+Tests: tests/train/test_dspark_objective.py.
 """
 
 from __future__ import annotations
@@ -32,11 +36,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftsmith.runtime.heads.dspark import DSparkConfig, DSparkHead
+from draftsmith.runtime.verify.calibration import CalibrationSums, ece_of, expected_calibration_error
 from draftsmith.train.objectives.dflash_objective import DFlashKind, DFlashOutput, block_output, dflash_blocks
 from draftsmith.train.objectives.eagle3_objective import TTTBatch
 from draftsmith.train.objectives.head_init import finish_head
-
-BINS = 10  # the calibration error's equal-width bins of the predicted acceptance
 
 
 @dataclass
@@ -45,22 +48,11 @@ class DSparkOutput(DFlashOutput):
     confidence_loss: float = 0.0  # mean BCE over counted slots
     predicted: float = 0.0  # mean predicted acceptance (the confidence head's)
     realized: float = 0.0  # mean realized acceptance (1 - TVD)
-    calibration_error: float = 0.0  # expected calibration error (BINS bins)
+    calibration_error: float = 0.0  # expected calibration error (runtime/verify/calibration.py)
+    calibration: CalibrationSums | None = None  # its sums: bins and block positions 1..S-1
 
 
-def expected_calibration_error(predicted: torch.Tensor, realized: torch.Tensor, bins: int = BINS) -> float:
-    """predicted, realized [n] in [0, 1] -> sum over equal-width bins of the prediction of (share of slots)
-    * |mean predicted - mean realized| (Guo et al. 2017, with a probability as the outcome)."""
-    if predicted.numel() == 0:
-        return 0.0
-    which = (predicted * bins).long().clamp(max=bins - 1)  # [n]
-    pred = torch.zeros(bins, dtype=torch.float64, device=predicted.device).index_add_(
-        0, which, predicted.double()
-    )
-    real = torch.zeros(bins, dtype=torch.float64, device=predicted.device).index_add_(
-        0, which, realized.double()
-    )
-    return float((pred - real).abs().sum() / predicted.numel())  # sum_b (n_b / n) |mean pred - mean real|
+__all__ = ["DSparkKind", "DSparkModel", "DSparkOutput", "dspark_loss", "expected_calibration_error"]
 
 
 def dspark_loss(
@@ -89,14 +81,16 @@ def dspark_loss(
     n = b.picked.sum().clamp(min=1)
     loss = (weights * (ce + tvd_weight * tvd + confidence_weight * bce)).sum() / n
     out = block_output(loss, logits, ce, b, head.config.block_size)
-    predicted = torch.sigmoid(confidence.detach())
+    predicted = torch.sigmoid(confidence.detach())  # [n]
+    sums = CalibrationSums.of(predicted, realized, b.slot - 1, head.config.block_size - 1)
     return DSparkOutput(
         **out.__dict__,
         tvd=float(tvd.detach().mean()) if len(tvd) else 0.0,
         confidence_loss=float(bce.detach().mean()) if len(bce) else 0.0,
         predicted=float(predicted.mean()) if len(predicted) else 0.0,
         realized=float(realized.mean()) if len(realized) else 0.0,
-        calibration_error=expected_calibration_error(predicted, realized),
+        calibration_error=ece_of(sums.bins),
+        calibration=sums,
     )
 
 
@@ -108,9 +102,11 @@ class DSparkModel(nn.Module):
         super().__init__()
         self.head, self.section, self.chunk = head, section, chunk
         self._frozen = [embed, target_logits]
+        self.eval_sums: CalibrationSums | None = None  # the confidence head's, summed while in eval mode
 
     def forward(self, input_ids, features, target_hidden, loss_mask, valid):
-        """-> (loss, correct [S-1], counted [S-1])"""
+        """-> (loss, correct [S-1], counted [S-1]); in eval mode the batch's calibration sums add up in
+        `eval_sums`."""
         embed, target_logits = self._frozen
         s = self.section
         out = dspark_loss(
@@ -118,6 +114,8 @@ class DSparkModel(nn.Module):
             target_logits=target_logits, max_anchors=s.max_anchors, gamma=s.loss_gamma,
             tvd_weight=s.tvd_weight, confidence_weight=s.confidence_weight, logit_chunk=self.chunk,
         )  # fmt: skip
+        if not self.training:
+            self.eval_sums = out.calibration if self.eval_sums is None else self.eval_sums + out.calibration
         return out.loss, out.correct, out.counted
 
 
@@ -144,6 +142,25 @@ class DSparkKind:
         self.depth = section.block_size - 1
 
     batch = DFlashKind.batch
+
+    def eval_begin(self) -> None:
+        self.model.eval_sums = None
+
+    def eval_fields(self, reduce) -> dict:
+        """The evaluation row's calibration of the confidence head over this evaluation's validation slots;
+        `reduce` sums a tensor over the ranks (every rank calls it, with or without slots of its own)."""
+        depth = self.head.config.block_size - 1
+        sums = self.model.eval_sums or CalibrationSums.of(
+            *[torch.zeros(0)] * 2, torch.zeros(0, dtype=torch.long), depth
+        )
+        got = CalibrationSums.from_flat(reduce(sums.flat())).summary()
+        return {
+            "calibration_error": got["calibration_error"],
+            "calibration_slots": got["calibration_slots"],
+            "predicted_accept_per_position": got["predicted_accept_per_position"],
+            "realized_accept_per_position": got["observed_accept_per_position"],
+            "reliability": got["reliability"],
+        }
 
     def save_final(self, state: dict, folder) -> None:
         from draftsmith.train.objectives.heads import load_partial
