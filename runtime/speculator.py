@@ -121,7 +121,26 @@ class SpecConfig:
             check_draft_device(self.draft_process.device)
             check_process_spec(self.draft)
         parse_quantize(self.quantize_draft, self.draft_group_size, "--quantize-draft")
+        check_survival(self.draft, self.tree)
         return self
+
+
+def check_survival(draft: str, tree: str | None) -> None:
+    """`adaptive:K,survival=confidence` asks for a confidence head: refused (exit 2) for a draft without one,
+    naming the kinds that have one."""
+    from draftsmith.runtime.heads.head_kinds import KINDS, draft_kind
+    from draftsmith.runtime.verify.adaptive import parse_adaptive
+
+    if not (tree or "").startswith("adaptive:") or parse_adaptive(tree)[1] != "confidence":
+        return
+    found = draft_kind(draft)
+    if found is None or not found[0].confidence:
+        kinds = [f"{k.name}:DIR" for k in KINDS.values() if k.confidence]
+        raise BadInputError(
+            "--tree", f"{tree} with --draft {draft}",
+            f"survival=confidence with a draft that has a confidence head ({', '.join(kinds)}); "
+            "survival=observed or auto for the others",
+        )  # fmt: skip
 
 
 @dataclass
@@ -138,6 +157,7 @@ class Speculator:
     draft_quantization: str | None = None  # what the drafter's linears hold: int8, int4-g64, fp8; None: none
     policies: dict[int, LoadAwareDepth] = field(default_factory=dict)  # batch size -> its policy
     adaptive: bool = False  # adaptive:K (confidence-driven verification) rather than auto:K
+    survival: str = "auto"  # adaptive:K,survival=SOURCE (runtime/verify/adaptive.py)
 
     def policy(self, batch: int) -> LoadAwareDepth | AdaptiveVerify | None:
         """auto:K / adaptive:K: the policy of this batch size (made on first use); else None."""
@@ -148,7 +168,7 @@ class Speculator:
             return None
         if batch not in self.policies:
             if self.adaptive:
-                self.policies[batch] = AdaptiveVerify(self.costs, self.max_depth)
+                self.policies[batch] = AdaptiveVerify(self.costs, self.max_depth, self.survival)
             else:
                 self.policies[batch] = LoadAwareDepth(
                     self.costs, self.max_depth, step_cost=self.drafter.step_cost
@@ -161,8 +181,8 @@ class Speculator:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, **run) -> list[GenerationResult]:
         """Decode every prompt (token ids) with `run` as generate_plain / generate_speculative take it
-        (max_new_tokens, seed, batch_size, progress; sync_timing with a drafter); a drafter process never
-        outlives an error here."""
+        (max_new_tokens, seed, batch_size, progress; sync_timing and calibration with a drafter); a drafter
+        process never outlives an error here."""
         from draftsmith.runtime.core.engine import generate_plain
         from draftsmith.runtime.core.speculative import generate_speculative
 
@@ -202,12 +222,17 @@ class Speculator:
 def build_speculator(target: Target, cfg: SpecConfig) -> Speculator:
     """A SpecConfig -> the drafter (heads loaded; in its own process where asked), adapted to the target's
     setup, with auto:K's verify-cost curve measured now, before any clock starts (a server's start-up)."""
+    from draftsmith.runtime.verify.adaptive import parse_adaptive
+
     drafter = make_drafter(target, cfg)
     quantization = adapt_drafter(drafter, target, cfg)
     depth = cfg.auto_depth if drafter is not None else None
     costs = verify_costs(target, cfg.batch_sizes, depth + 1) if depth else None
     adaptive = (cfg.tree or "").startswith("adaptive:")
-    return Speculator(target, drafter, cfg.static, depth, costs, quantization, adaptive=adaptive)
+    survival = parse_adaptive(cfg.tree)[1] if adaptive else "auto"
+    return Speculator(
+        target, drafter, cfg.static, depth, costs, quantization, adaptive=adaptive, survival=survival
+    )
 
 
 def make_drafter(target: Target, cfg: SpecConfig) -> Drafter | None:

@@ -3,7 +3,7 @@
 `run` (one bench run: build methods, time them per temperature and batch size, write the report), `methods`
 (the methods it times), `types` (what every method returns), `compare` (summaries, greedy identity,
 side-by-side rows), `cycle_fields` (draft / verify ms per cycle, draft share, +ssd cache metrics), `report`
-(results.json, report.md, plots), `calibration_report` (the survival estimates' ECE and reliability plot),
+(results.json, report.md, plots), `calibration_report` (survival estimates' calibration: row fields, table),
 `prompt_sets` (held-out prompt sets), `bench_prompt` (what a prompt source yields), `roofline` (what plain
 decoding could reach), `side_by_side` (transformers' `generate()` on the same prompts), `vllm_method` (vLLM
 baselines through runtime/workers/vllm_worker.py), `llamacpp_method` (llama.cpp baselines through

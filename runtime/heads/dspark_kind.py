@@ -106,4 +106,5 @@ KIND = HeadKind(
     },
     default_depth=default_depth,
     parse_tree=dflash_kind.parse_tree,
+    confidence=True,
 )

@@ -23,6 +23,8 @@ A kind is a trained head (EAGLE-3, MTP, ...). It declares:
   its own (Medusa's cartesian:K1,.. and sparse:N);
 - `layouts`: export layout name -> `Layout` (writer, serve text; read back with the kind's `read`); every
   kind also has `draftsmith` (its own folder), added by `all_layouts`;
+- `confidence`: whether the kind has a confidence head (its drafter fills `DraftBatch.survival`, which
+  `adaptive:K,survival=confidence` and `bench`'s calibration read);
 - `vllm` (optional): how vLLM serves it (`VllmServe`: the layout it loads, its `speculative_config`), read
   by `bench --baselines vllm-NAME:DIR` and the serve texts;
 - `title`, `about` and the serve texts: the words its model card and `--draft`'s help use.
@@ -208,6 +210,7 @@ class HeadKind:
     # (arg) -> the default chain depth for `--draft NAME:ARG` (None: the registry's default, 2)
     default_depth: Callable[[str], int | None] = lambda arg: None
     cotrain: bool = False  # the target may train with the head (train config `cotrain.enabled`)
+    confidence: bool = False  # a confidence head: its drafter fills DraftBatch.survival (adaptive:K's source)
     # (arg, spec) -> the TreeSpec `--tree SPEC` means for `--draft NAME:ARG`, for a kind with trees of its
     # own (Medusa's cartesian:, sparse:); None: runtime/tree.parse_tree_spec
     parse_tree: Callable[[str, str], object] | None = None

@@ -6,7 +6,12 @@ of measured verify cost, chosen by a stopping rule from the drafter's survival e
 
 After the drafter proposes a chain of K, each row b has survival estimates s_1..s_K, s_i = P(node i is
 accepted | node i-1 was): the drafter's own (`DraftBatch.survival`, DSpark's confidence head), else the
-conditional acceptance observed so far at each position (kept as load-aware speculation keeps it). With
+conditional acceptance observed so far at each position (kept as load-aware speculation keeps it).
+`adaptive:K,survival=SOURCE` picks one: `auto` (the default: the drafter's where it gives one),
+`confidence` (a confidence head's; a draft without one is refused before anything loads, runtime/
+speculator.py) or `observed` (the observed acceptance even where the drafter gives estimates). The budget
+cuts a chain: a tree shape (`static:`, `dynamic:`, a kind's own) has no per-row prefix to keep, so
+`adaptive:` takes K and this option only. With
 g_i = s_1 ... s_i, a prefix of k nodes yields E_k = 1 + g_1 + ... + g_k tokens (the target's own token
 counted) and verifying it costs C_k = verify(batch, k + 1), the measured curve (the draft is already paid
 for). The row keeps node i while E_i / C_i > E_{i-1} / C_{i-1}, and stops at the first node that does not
@@ -31,7 +36,12 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.runtime.verify.draft_batch import DraftBatch
-from draftsmith.runtime.verify.load_aware import AcceptanceTally, VerifyCosts
+from draftsmith.runtime.verify.load_aware import (  # noqa: F401 (parse_adaptive, SURVIVAL_SOURCES: re-exported)
+    SURVIVAL_SOURCES,
+    AcceptanceTally,
+    VerifyCosts,
+    parse_adaptive,
+)
 
 
 def prefix_lengths(survival: torch.Tensor, verify_costs: torch.Tensor) -> torch.Tensor:
@@ -50,6 +60,7 @@ class AdaptiveVerify:
 
     costs: VerifyCosts
     max_depth: int
+    source: str = "auto"  # where the survival estimates come from (SURVIVAL_SOURCES, load_aware.py)
     tally: AcceptanceTally = field(init=False)  # the observed conditional acceptance per position
     depth_counts: list[int] = field(init=False)  # how often each kept length was verified (all rows)
     kept: list[int] = field(default_factory=list, init=False)  # the last cycle's kept lengths per row
@@ -71,7 +82,7 @@ class AdaptiveVerify:
         if depth == 0:
             self.kept = [0] * len(drafts.sizes)
             return drafts
-        if drafts.survival is not None:
+        if drafts.survival is not None and self.source != "observed":
             survival = drafts.survival[:, 1 : depth + 1].float()  # [B, K]
         else:
             observed = torch.tensor(self.rates()[:depth], device=drafts.device)

@@ -36,6 +36,29 @@ import torch
 from draftsmith.runtime.errors import BadInputError
 
 POLICY_TREES = {"auto": "load-aware chain depth", "adaptive": "confidence-driven verification budget"}
+# adaptive:K,survival=SOURCE: where adaptive verification's estimates come from (runtime/verify/adaptive.py)
+SURVIVAL_SOURCES = ("auto", "confidence", "observed")
+ADAPTIVE_FORM = f"adaptive:K[,survival={'|'.join(SURVIVAL_SOURCES)}] with an integer K in [1, 16]"
+
+
+def parse_adaptive(spec: str) -> tuple[int, str]:
+    """`adaptive:K[,survival=SOURCE]` -> (K, SOURCE). Anything else after K (a tree shape, another option)
+    is refused: confidence-driven verification truncates a chain, per row, to a prefix."""
+    arg = spec.partition(":")[2]
+    depth, _, option = arg.partition(",")
+    key, eq, source = option.partition("=")
+    if not depth.isdigit() or not 1 <= int(depth) <= 16 or (option and (key, eq) != ("survival", "=")):
+        raise BadInputError(
+            "--tree", spec, f"{ADAPTIVE_FORM} (confidence-driven verification budget: it cuts a chain of K "
+            "to a per-row prefix; a tree shape such as static:, dynamic: or cartesian: cannot be truncated "
+            "that way: give it without adaptive)",
+        )  # fmt: skip
+    source = source or "auto"
+    if source not in SURVIVAL_SOURCES:
+        raise BadInputError(
+            "--tree", spec, f"survival= one of {', '.join(SURVIVAL_SOURCES)} ({ADAPTIVE_FORM})"
+        )
+    return int(depth), source
 
 
 def parse_auto(spec: str) -> int | None:
@@ -44,6 +67,8 @@ def parse_auto(spec: str) -> int | None:
     kind, _, arg = spec.partition(":")
     if kind not in POLICY_TREES:
         return None
+    if kind == "adaptive":  # adaptive:K[,survival=SOURCE]
+        return parse_adaptive(spec)[0]
     if not arg.isdigit() or not 1 <= int(arg) <= 16:
         raise BadInputError("--tree", spec, f"{kind}:K with an integer K in [1, 16] ({POLICY_TREES[kind]})")
     return int(arg)
