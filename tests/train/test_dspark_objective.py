@@ -3,8 +3,9 @@ Markov bias and the two extra terms off it is DFlash's loss exactly (and a Marko
 control); the TVD and confidence terms enter with their weights, the confidence target is the realized
 acceptance sum min(p, q); gradients reach the backbone, the Markov head and the confidence head, never
 the frozen LM head; the expected calibration error by hand; `draftsmith train` with the shipped recipe
-(tiny overrides) trains, and its final head decodes exactly as plain decoding; a Markov rank above the
-draft vocabulary exits 2.
+(tiny overrides) trains, its evaluation rows carry the confidence head's calibration (ECE, predicted vs
+realized acceptance per position, reliability bins and plot), and its final head decodes exactly as plain
+decoding; a Markov rank above the draft vocabulary exits 2.
 
     python -m pytest tests/train/test_dspark_objective.py -q
 """
@@ -135,6 +136,20 @@ def test_trains_with_the_recipe_and_decodes_losslessly(trained_run, tiny_target)
         )
         got = generate_speculative(tiny_target, drafter, prompts, SamplingParams(), 12)
         assert [r.token_ids for r in got] == plain, tree  # zero mismatches
+
+
+def test_evaluation_rows_carry_the_confidence_heads_calibration(trained_run):
+    out = trained_run[0]
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if r["kind"] == "eval"]
+    last = evals[-1]
+    assert 0 <= last["calibration_error"] <= 1 and last["calibration_slots"] > 0
+    assert sum(b["count"] for b in last["reliability"]) == last["calibration_slots"]
+    assert len(last["predicted_accept_per_position"]) == len(last["realized_accept_per_position"]) == 3
+    seen = [b for b in last["reliability"] if b["count"]]  # the ECE is the count-weighted gap of the bins
+    gap = sum(b["count"] * abs(b["predicted"] - b["observed"]) for b in seen) / last["calibration_slots"]
+    assert last["calibration_error"] == pytest.approx(gap, abs=1e-3)
+    assert (out / "reliability.png").stat().st_size > 0  # beside training_curve.png
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ accuracy per TTT step or MTP module, simulated tau; for a co-trained target its 
 `checkpoint.every` steps a checkpoint is written (atomic, rotated). A non-finite loss or gradient norm
 stops the run on every rank with the step and row ids, before anything is saved.
 The end: `output_dir/final/` (a head `--draft eagle3:DIR` / `mtp:DIR` loads; a co-trained target in
-`final/target/`), the PNG curve.
+`final/target/`), the PNG curve, and for a kind with a confidence head (DSpark) the evaluation rows'
+calibration (ECE, predicted vs realized acceptance per position) and its last reliability plot.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ from draftsmith.train.loop.checkpoints import (
 )
 from draftsmith.train.loop.data_steps import TrainRows, ensure_data
 from draftsmith.train.loop.loader import micro_batches
-from draftsmith.train.loop.metrics import MetricsWriter, plot_curves, tracker_kwargs, tracker_setup
+from draftsmith.train.loop.metrics import (
+    MetricsWriter,
+    plot_curves,
+    plot_reliability,
+    tracker_kwargs,
+    tracker_setup,
+)
 from draftsmith.train.loop.trainer_setup import (  # noqa: F401 (lr_lambda: re-exported for the tests)
     check_memory,
     head_inputs,
@@ -270,6 +277,9 @@ class Trainer:
         steps = self.kind.depth
         sums = torch.zeros(2 + 2 * steps, device=acc.device)  # loss*rows, rows, correct[K], counted[K]
         self.begin_step()
+        eval_begin, eval_fields = (getattr(self.kind, k, None) for k in ("eval_begin", "eval_fields"))
+        if eval_begin is not None:  # a kind's own evaluation sums (DSpark: its confidence head's calibration)
+            eval_begin()
         self.model.eval()
         for inputs in self.val_batches():
             rows = inputs["input_ids"].shape[0]
@@ -287,6 +297,8 @@ class Trainer:
             "simulated_tau": round(simulated_tau(accuracy), 4),
             "rows": int(sums[1]) // self.layout.tp,  # each TP group's ranks all scored its rows
         }
+        if eval_fields is not None:
+            row.update(eval_fields(lambda t: acc.reduce(t.to(acc.device), reduction="sum") / self.layout.tp))
         if cfg.cotrain.enabled:  # the drift report: is the co-trained target still as good?
             row.update(self.target_drift())
             row["original_target_val_loss"] = round(self.original_val_loss, 5)
@@ -397,6 +409,7 @@ class Trainer:
             final = self.out / "final"
             self.kind.save_final(state, final)
             plot_curves(self.metrics.path, self.out / "training_curve.png")
+            plot_reliability(self.metrics.path, self.out / "reliability.png")  # a kind with a confidence head
             use = f"--draft {self.cfg.head.type}:{final}"
             if self.cfg.cotrain.enabled:  # the modules only serve with the target they co-trained
                 use = f"--target {final / 'target'} {use}"
