@@ -156,7 +156,7 @@ def write_speculators(folder: Path, out: Path, options: LayoutOptions) -> Writte
     verifier = options.verifier or c.target
     found = local_target_folder(verifier)
     if found is not None:
-        _check_target_weights(found, c)
+        _check_target_weights(found, c, "--verifier")
     layout = to_speculators(head, verifier, options.speculative_tokens)
     details = [*exactness(c, options.speculative_tokens), f"verifier: {verifier}"]
     return write_checked(out, head, layout, read_any, "speculators", details)
@@ -196,7 +196,7 @@ def _target_dir(options: LayoutOptions, folder: Path, config) -> Path:
     return found
 
 
-def _check_target_weights(target_dir: Path, config) -> None:
+def _check_target_weights(target_dir: Path, config, flag: str = "--target") -> None:
     """The appended modules only work on the weights they were trained with (artifacts.weights_hash, read
     from the few checkpoint tensors it hashes: the target is never loaded whole)."""
     from draftsmith.runtime.heads.eagle3_binding import folder_weights_hash
@@ -204,7 +204,7 @@ def _check_target_weights(target_dir: Path, config) -> None:
     got = folder_weights_hash(target_dir)
     if got != config.target_weights_hash:
         raise BadInputError(
-            "--target",
+            flag,
             str(target_dir),
             f"the target the modules were trained with (weights {config.target_weights_hash})",
             f"its weights hash is {got}",

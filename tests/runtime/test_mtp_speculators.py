@@ -21,7 +21,7 @@ import logging
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import make_tiny_dir, random_prompts, tiny_tokenizer
+from tiny_models import make_tiny_dir, random_prompts, tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.engine import generate_plain
@@ -187,3 +187,21 @@ def test_what_the_layout_cannot_hold_is_refused(qwen3, qwen3_dir, tiny_target, t
             )
         )
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_the_verifier_must_be_the_modules_target(qwen3, tmp_path):
+    """speculators reads the embedding and LM head from the verifier: a local one with other weights (a
+    Qwen3 of another seed) is refused, and a co-trained head (its target changed in training) must name
+    its own."""
+    other = tmp_path / "other-qwen3"
+    tiny_model("qwen3", seed=1).save_pretrained(other)
+    tiny_tokenizer().save_pretrained(other)
+    head = perturbed_head(qwen3)
+    save_head(head, tmp_path / "head")
+    request = ExportRequest(str(tmp_path / "head"), "speculators", str(tmp_path / "o1"), verifier=str(other))
+    with pytest.raises(BadInputError, match="--verifier: got .*the target the modules were trained with"):
+        export(request)
+    head.config.cotrained = True
+    save_head(head, tmp_path / "cotrained")
+    with pytest.raises(BadInputError, match="--verifier: got None, expected the co-trained target"):
+        export(ExportRequest(str(tmp_path / "cotrained"), "speculators", str(tmp_path / "o2")))
