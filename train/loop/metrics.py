@@ -158,7 +158,7 @@ def reliability_plot(path: Path, series: list[tuple[str, list[dict]]], title: st
            title=title or "reliability of the survival estimates")  # fmt: skip
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    counts.set(xlabel="predicted acceptance (bin mean; bars: bin ranges)", ylabel="nodes", yscale="log")
+    counts.set(xlabel="predicted acceptance (bin mean; bars: bin ranges)", ylabel="nodes")
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
