@@ -76,6 +76,7 @@ from draftsmith.data_recipes.common import (
     check_same_target,
     fingerprint,
     finish,
+    follow_thinking,
     guard_out_dir,
     is_done,
     read_record,
@@ -241,6 +242,7 @@ def capture(
     data_dir, out = Path(data_dir), Path(out)
     check_shard_args(num_shards, shard_index)
     data_record = require_whole(data_dir, "--data", DATA_STEPS)
+    follow_thinking(target, data_record)  # recorded again: the mode the rows were rendered with
     check_same_target(data_record, target, "--target")
     layers = resolve_aux_layers(aux_layers, target.num_layers)
     _check_options(storage_dtype, split, shard_tokens, fp8_last_hidden, fp8_bf16_layers, layers)

@@ -1,6 +1,6 @@
 """What every data step shares: content hashes, the step record (`draftsmith_data.json`), drop counts.
 
-    fp = fingerprint(target)                       # target name, tokenizer hash, template hash
+    fp = fingerprint(target)                       # target name, tokenizer hash, template hash (+ thinking)
     record = StepRecord("prepare", inputs={...})   # inputs decide the content hash
     if is_done(out_dir, record): return            # same inputs, finished before: a no-op
     ... write the outputs ...
@@ -25,6 +25,7 @@ from draftsmith.runtime.core.artifacts import (  # noqa: F401 (re-exported for t
     template_hash,
     tokenizer_hash,
 )
+from draftsmith.runtime.core.chat_template import chat_identity
 from draftsmith.runtime.core.config import atomic_write_text
 from draftsmith.runtime.errors import BadInputError, check_output_dir, read_json
 
@@ -33,13 +34,24 @@ FORMAT_VERSION = 1
 
 
 def fingerprint(target) -> dict:
-    """Identity of the target as far as data is concerned."""
-    return {
+    """Identity of the target as far as data is concerned; `thinking` ("on"/"off", the mode rendered with:
+    runtime/core/chat_template.py) only where the template has a thinking mode, so the hashes of data
+    for other templates stay as they were."""
+    found = {
         "target": target.name,
         "vocab_size": target.vocab_size,
         "tokenizer_hash": tokenizer_hash(target.tokenizer),
         "template_hash": template_hash(target.tokenizer),
     }
+    mode = chat_identity(target)["thinking"]
+    return found if mode is None else {**found, "thinking": mode}
+
+
+def follow_thinking(target, record: dict) -> None:
+    """Render with the thinking mode the data was made with (regenerate and capture follow prepare's
+    `--thinking`); data without a recorded mode: the template's default."""
+    mode = record["inputs"].get("fingerprint", {}).get("thinking")
+    target.thinking = None if mode is None else mode == "on"
 
 
 @dataclass
@@ -120,16 +132,20 @@ def require_record(folder: str | Path, field_name: str, steps: tuple[str, ...]) 
 
 
 def check_same_target(record: dict, target, field_name: str) -> None:
-    """Refuse data made for another target, tokenizer or chat template (the recorded hashes differ)."""
+    """Refuse data made for another target, tokenizer, chat template or thinking mode (the recorded hashes
+    differ)."""
     expected = fingerprint(target)
     made_for = record["inputs"].get("fingerprint", {})
-    for key in ("tokenizer_hash", "template_hash", "vocab_size"):
-        if made_for.get(key) != expected[key]:
+    for key in ("tokenizer_hash", "template_hash", "vocab_size", "thinking"):
+        if key == "thinking" and made_for.get(key) is None:  # older data, or a template without the mode
+            continue
+        if made_for.get(key) != expected.get(key):
+            again = "with the same thinking mode" if key == "thinking" else "for this target"
             raise BadInputError(
                 field_name,
                 f"data made with {key} {made_for.get(key)} (target {made_for.get('target')})",
-                f"{key} {expected[key]} of {target.name}",
-                "prepare the data again for this target",
+                f"{key} {expected.get(key)} of {target.name}",
+                f"prepare the data again {again}",
             )
 
 

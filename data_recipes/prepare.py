@@ -81,11 +81,13 @@ def encode_rows(
     summary: Summary,
     fail_on_clip: bool = False,
     limit: int | None = None,
+    thinking: bool | None = None,
 ) -> list[dict]:
-    """Rendered, masked, clipped rows; dropped rows are counted in `summary`, kept ones too."""
+    """Rendered (`thinking`: the template's enable_thinking, None its default), masked, clipped rows;
+    dropped rows are counted in `summary`, kept ones too."""
     rows = []
     for conv in conversations:
-        enc = render_and_mask(tokenizer, conv.messages)
+        enc = render_and_mask(tokenizer, conv.messages, thinking)
         ids, mask = enc.input_ids, enc.loss_mask
         if conv.prompts_only:
             mask = [0] * len(ids)  # the placeholder answer is not supervised: regenerate fills it
@@ -276,7 +278,10 @@ def write_prepared(
     for name, items in rows.items():
         convs = (Conversation(row_id, messages) for row_id, messages in items)
         bar = tqdm(convs, total=len(items), desc=f"tokenize {name}", unit="conv", disable=not progress)
-        splits[name] = encode_rows(target.tokenizer, bar, max_length, summary, fail_on_clip)
+        thinking = getattr(target, "thinking", None)  # the mode of the data regenerated (follow_thinking)
+        splits[name] = encode_rows(
+            target.tokenizer, bar, max_length, summary, fail_on_clip, thinking=thinking
+        )
     return write_splits(splits, out, record, summary, progress)
 
 
@@ -350,6 +355,7 @@ def prepare(
             summary,
             fail_on_clip,
             limit=max_samples,
+            thinking=getattr(target, "thinking", None),  # --thinking (use_thinking), in the fingerprint too
         )
     finally:
         bar.update(summary.kept - bar.n)
@@ -383,6 +389,7 @@ def summary_lines(done: dict) -> list[str]:
 
 def run_from_args(args) -> None:
     from draftsmith.data_recipes.step_summary import StepTimer
+    from draftsmith.runtime.core.chat_template import thinking_arg, use_thinking
     from draftsmith.runtime.core.target import Target
 
     timer = StepTimer()
@@ -390,6 +397,7 @@ def run_from_args(args) -> None:
     validate_source(args.source)  # fail before the target loads
     check_out_folder(Path(args.out))
     target = Target.load(args.target, device=args.device, dtype=args.dtype)
+    use_thinking(target, thinking_arg(args.thinking, "--thinking"))  # exit 2 where the template has none
     done = prepare(
         target,
         args.source,

@@ -38,6 +38,7 @@ from draftsmith.data_recipes.common import (
     check_same_target,
     content_hash,
     fingerprint,
+    follow_thinking,
     is_done,
 )
 from draftsmith.data_recipes.parts import (
@@ -48,6 +49,7 @@ from draftsmith.data_recipes.parts import (
     shard_range,
     whole_done,
 )
+from draftsmith.runtime.core.chat_template import thinking_kwargs
 from draftsmith.runtime.core.config import atomic_write_text
 from draftsmith.runtime.core.engine import decode_batch
 from draftsmith.runtime.errors import BadInputError, check_output_dir
@@ -148,7 +150,11 @@ def _with_answer(message: dict, index: int, row_id: str, answers: dict) -> dict:
 
 
 def chat_prompt_ids(target, messages: list[dict]) -> list[int]:
-    text = target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    """The history + the assistant header, in the thinking mode of the prepared data (follow_thinking)."""
+    kwargs = thinking_kwargs(getattr(target, "thinking", None))
+    text = target.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **kwargs
+    )
     return target.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -251,6 +257,7 @@ def regenerate(
     check_counts(("--max-new-tokens", max_new_tokens), ("--batch-size", batch_size))
     check_shard_args(num_shards, shard_index)
     source = require_whole(data_dir, "--data", ("prepare", "regenerate"))
+    follow_thinking(target, source)  # the mode prepare rendered with (--thinking), recorded again here
     check_same_target(source, target, "--target")
     out = check_output_dir("--out", out)  # a file there, or above it
     record = regeneration_record(target, source, params, max_new_tokens, seed)

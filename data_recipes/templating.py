@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from draftsmith.runtime.core.chat_template import thinking_kwargs
 from draftsmith.runtime.errors import BadInputError
 
 
@@ -57,7 +58,10 @@ class Encoded:
         return sum(self.loss_mask)
 
 
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+def render(
+    tokenizer, messages: list[dict], add_generation_prompt: bool = False, thinking: bool | None = None
+) -> str:
+    """The template's text for `messages`; `thinking`: enable_thinking (None: the template's default)."""
     if not getattr(tokenizer, "chat_template", None):
         raise TemplateError(
             None,
@@ -66,7 +70,7 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False)
         )
     try:
         text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **thinking_kwargs(thinking)
         )
     except Exception as err:  # jinja2 errors, raise_exception() in templates
         roles = [m["role"] for m in messages]
@@ -78,15 +82,17 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool = False)
     return text
 
 
-def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tokenizer, messages: list[dict], thinking: bool | None = None
+) -> tuple[str, list[tuple[int, int]]]:
     """The full render and the [start, end) character span of every assistant turn in it."""
-    full = render(tokenizer, messages)
+    full = render(tokenizer, messages, thinking=thinking)
     spans = []
     for j, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = render(tokenizer, messages[:j], add_generation_prompt=True)
-        upto = render(tokenizer, messages[: j + 1])
+        before = render(tokenizer, messages[:j], add_generation_prompt=True, thinking=thinking)
+        upto = render(tokenizer, messages[: j + 1], thinking=thinking)
         if not upto.startswith(before):
             raise TemplateError(
                 f"a render of turns 0..{j} that does not start with the render of turns 0..{j - 1} plus "
@@ -117,9 +123,10 @@ def _first_difference(a: str, b: str) -> str:
     return f"they differ at character {i}: {a[i : i + 30]!r} vs {b[i : i + 30]!r}"
 
 
-def render_and_mask(tokenizer, messages: list[dict]) -> Encoded:
-    """Token ids of the templated conversation and its assistant-only loss mask (aligned with the ids)."""
-    text, spans = assistant_spans(tokenizer, messages)
+def render_and_mask(tokenizer, messages: list[dict], thinking: bool | None = None) -> Encoded:
+    """Token ids of the templated conversation and its assistant-only loss mask (aligned with the ids);
+    `thinking`: the template's enable_thinking (runtime/core/chat_template.py; None: its default)."""
+    text, spans = assistant_spans(tokenizer, messages, thinking)
     try:
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError:  # slow (Python) tokenizers have no offsets

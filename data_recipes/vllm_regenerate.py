@@ -40,6 +40,7 @@ from draftsmith.data_recipes.common import (
     Summary,
     check_same_target,
     content_hash,
+    follow_thinking,
 )
 from draftsmith.data_recipes.parts import (
     check_shard_args,
@@ -168,6 +169,7 @@ def regenerate_vllm(view, data_dir, out, params: SamplingParams, max_new_tokens:
     check_shard_args(num_shards, shard_index)
     check_tensor_parallel(view.config, tensor_parallel_size)
     source = require_whole(data_dir, "--data", ("prepare", "regenerate"))
+    follow_thinking(view, source)  # the mode prepare rendered with (data_recipes/common.py)
     check_same_target(source, view, "--target")
     out = Path(out)
     record = regen.regeneration_record(view, source, params, max_new_tokens, seed, engine="vllm")

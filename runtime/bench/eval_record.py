@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from draftsmith.runtime.bench.types import SpecCounters
 from draftsmith.runtime.core.artifacts import content_hash, template_hash, tokenizer_hash
+from draftsmith.runtime.core.chat_template import chat_identity
 
 
 def acceptance_record(results) -> dict:
@@ -82,9 +83,10 @@ def category_records(prompts, results) -> dict[str, dict]:
 
 
 def target_pins(target) -> dict:
-    """What identifies the target a record was measured on: name, config, tokenizer and chat template."""
+    """What identifies the target a record was measured on: name, config, tokenizer and chat template (and
+    its thinking mode, only where the template has one: other harness ids stay as they were)."""
     config = target.config.to_dict() if hasattr(target.config, "to_dict") else vars(target.config)
-    return {
+    pins = {
         "name": target.name,
         "config_hash": content_hash(config),
         "tokenizer_hash": tokenizer_hash(target.tokenizer),
@@ -93,6 +95,8 @@ def target_pins(target) -> dict:
         "device": target.device.type,
         "quantization": getattr(target, "quantization", None),
     }
+    mode = chat_identity(target)["thinking"]
+    return (pins | {"thinking": mode}) if mode else pins
 
 
 def harness_pins(target, sampling: dict, max_new_tokens: int, chat: bool, sets: list[dict]) -> dict:

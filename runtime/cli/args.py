@@ -122,6 +122,36 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), float32, bfloat16")
 
 
+def add_thinking_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """--thinking on|off: enable_thinking for templates that read it (runtime/core/chat_template.py)."""
+    p.add_argument(
+        "--thinking",
+        choices=["on", "off"],
+        default=None,
+        help=f"{what} with the chat template's thinking mode on or off (Qwen3-style templates that read "
+        "enable_thinking; a target whose template has none is refused, exit 2); unset: the template's "
+        "default",
+    )
+
+
+def add_template_check_args(p: argparse.ArgumentParser) -> None:
+    """--thinking, and the override of the check of each head against the chat template it was trained
+    with (runtime/heads/trained_for.py)."""
+    add_thinking_arg(p, "render prompts")
+    p.add_argument(
+        "--allow-template-mismatch",
+        action="store_true",
+        help="serve a head whose recorded chat template or thinking mode differs from the target's (a "
+        "warning instead of exit 2; acceptance usually drops). Heads without a record (older heads, other "
+        "trainers' exports) are not checked",
+    )
+
+
+def needs_chat(flag: str):
+    """`flag` acts on chat-templated prompts only: refused with --no-chat (nothing is rendered)."""
+    return flag_needs(flag, "chat-templated prompts (no --no-chat)", lambda a: not a.no_chat)
+
+
 def add_drafts_args(p: argparse.ArgumentParser, draft_help: str, tree_help: str) -> None:
     """--draft and --tree, both repeatable: the drafts a verb compares (bench, eval), each with each tree."""
     p.add_argument("--draft", action="append", default=[], help=draft_help)

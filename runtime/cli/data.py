@@ -13,6 +13,7 @@ from draftsmith.runtime.cli.args import (
     add_mode_options,
     add_placement_args,
     add_target_args,
+    add_thinking_arg,
     add_verb,
     declare_needs,
     declare_outputs,
@@ -65,6 +66,7 @@ def add_prepare(steps) -> None:
     prep.add_argument(
         "--fail-on-clip", action="store_true", help="error instead of clipping an over-long row"
     )
+    add_thinking_arg(prep, "render the conversations (regenerate and capture follow the mode recorded here)")
 
 
 def add_regenerate(steps) -> None:

@@ -19,6 +19,8 @@
   `cycle_timing` (each cycle's draft and verify time), `static_forward` (the GPU engine path: the
   target's forward on a static cache written through device-side indices, one CUDA graph per shape);
 - shared: `config` (strict dataclass + YAML configs), `prompts`
-  (prompt files), `artifacts` (hashes, atomic tensor files, draft-vocabulary files), `forwarding`
+  (prompt files), `chat_template` (the template's thinking mode: which templates have one, the mode
+  prompts render with, the template identity data and heads record), `artifacts` (hashes, atomic tensor
+  files, draft-vocabulary files), `forwarding`
   (read-only properties that read through another object: `forwarded("config.hidden_size")`).
 """

@@ -27,6 +27,7 @@ import torch
 
 from draftsmith.runtime.core.artifacts import weights_hash, weights_hash_names, weights_hash_of_tensors
 from draftsmith.runtime.core.block_fp8 import block_fp8_of, load_block_fp8_model, split_load_error
+from draftsmith.runtime.core.chat_template import thinking_kwargs
 from draftsmith.runtime.core.families import family_of, find_family
 from draftsmith.runtime.core.forwarding import forwarded
 from draftsmith.runtime.core.kv_cache import KVCache
@@ -129,6 +130,7 @@ class Target(TargetPieces):
         self.tokenizer = tokenizer
         self.name = name
         self.path: str | None = None  # the local folder it was loaded from (Target.load sets it)
+        self.thinking: bool | None = None  # enable_thinking of prompts (core/chat_template.py)
         self.config = self.family.text(model.config)  # a vision-language target's text config
         self.decoder = model.get_submodule(self.family.decoder)  # embed_tokens, layers, norm, rotary_emb
         self.layer_types = self.family.layer_types(self.config)  # full or sliding attention, per layer
@@ -215,7 +217,10 @@ class Target(TargetPieces):
         """A conversation ({"role", "content"} dicts, ending with a user turn) + the assistant header."""
         if not self.tokenizer.chat_template:
             raise BadInputError("target chat template", None, "a tokenizer with a chat template (multi-turn)")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        kwargs = thinking_kwargs(self.thinking)  # the mode use_thinking set (runtime/core/chat_template.py)
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **kwargs
+        )
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
