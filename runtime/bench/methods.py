@@ -17,6 +17,8 @@ Method specs:
     llamacpp[:GGUF]       llama.cpp on a GGUF file (runtime/bench/llamacpp_method.py), in its own process;
                           without GGUF the one the target was converted from (the embedded target's Q4_1)
     llamacpp-lookup[:GGUF]  the same with llama-cpp-python's prompt-lookup draft (10 tokens)
+    llamacpp[:GGUF]+eagle3:HEAD[@chain:K]  llama.cpp's own speculative decoding with an EAGLE-3 head exported
+                          `--format gguf` (runtime/bench/llamacpp_eagle3_method.py), greedy, batch 1
     plain+graphs, DRAFT@TREE+graphs   draftsmith's GPU engine path: static KV cache, CUDA graphs for the
                           target's forwards (runtime/core/static_forward.py; eager on a CPU)
     METHOD+torch-linears  the same draftsmith method with F.linear in every target linear (--cpu-linears
@@ -37,6 +39,7 @@ from types import MappingProxyType
 
 import torch
 
+from draftsmith.runtime.bench.llamacpp_eagle3_method import is_llamacpp_eagle3
 from draftsmith.runtime.bench.llamacpp_method import is_llamacpp_method
 from draftsmith.runtime.bench.types import BASELINE_KINDS, BatchOutput, Method, SpecCounters, is_baseline
 from draftsmith.runtime.core.forwarding import forwarded
@@ -220,6 +223,10 @@ def build_baseline(
         from draftsmith.runtime.bench.vllm_method import build_vllm_method
 
         return build_vllm_method(spec, target, max(batch_sizes), max_model_len, vllm_tp)
+    if is_llamacpp_eagle3(spec):
+        from draftsmith.runtime.bench.llamacpp_eagle3_method import LlamaCppEagle3Method
+
+        return LlamaCppEagle3Method(spec, target, max_model_len=max_model_len)
     if is_llamacpp_method(spec):
         from draftsmith.runtime.bench.llamacpp_method import LlamaCppMethod
 

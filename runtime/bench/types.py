@@ -98,6 +98,7 @@ BASELINE_KINDS = (  # what `--baselines` takes (runtime/bench/methods.py runs th
     "vllm-KIND:DIR[@chain:K]",  # KIND: a head kind vLLM serves (runtime/bench/vllm_method.py)
     "llamacpp[:GGUF]",
     "llamacpp-lookup[:GGUF]",
+    "llamacpp[:GGUF]+eagle3:HEAD[@chain:K]",  # llama.cpp's speculative decoding (llamacpp_eagle3_method.py)
 )
 
 
@@ -115,7 +116,12 @@ def is_baseline(name: str) -> bool:
         "llamacpp-lookup",
     )
     with_arg = ("hf-assisted", "llamacpp", "llamacpp-lookup")
-    return name in plain_kinds or ((kind in with_arg or kind.startswith("vllm-")) and bool(arg))
+    llamacpp_draft = kind == "llamacpp+eagle3" and bool(arg)
+    return (
+        name in plain_kinds
+        or llamacpp_draft
+        or ((kind in with_arg or kind.startswith("vllm-")) and bool(arg))
+    )
 
 
 class Method:

@@ -166,8 +166,7 @@ def write_gguf(folder: Path, out: Path, options: LayoutOptions) -> Written:
     details = [
         f"aux layers (0-based decoder-layer outputs): {head.config.aux_layer_ids}; written as llama.cpp's "
         f"target_layers {ids} (the inputs of those layers, which llama.cpp extracts)",
-        f"read by {LLAMACPP_RELEASE}; weights F32 (exact for the head's {head.fc.weight.dtype})",
-        f"the target's tokenizer from {target_dir}",
+        f"read by {LLAMACPP_RELEASE}; weights F32 (the head's values exactly) and the target's tokenizer",
     ]
     return Written.of_head(head.config, tensors, details, precision="float32 (GGUF F32)")
 
