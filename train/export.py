@@ -59,6 +59,7 @@ class ExportRequest:
     any_target: bool = False  # a co-trained eagle3 head for another target (runtime/heads/eagle3_binding.py)
     quantize: str | None = None  # fp8 (eagle3 --engine vllm, speculators) or int8 (draftsmith folder)
     llamacpp: str = ".venv-llamacpp"  # gguf: the llama.cpp setup (scripts/setup_llamacpp.sh) converting it
+    sglang_version: str | None = None  # eagle3 --engine sglang: the SGLang release that will serve it
     license: str | None = None
     push_to_hub: str | None = None
     private: bool = False
@@ -85,6 +86,7 @@ def export(req: ExportRequest) -> Path:
             req.any_target,
             req.quantize,
             req.llamacpp,
+            req.sglang_version,
         )
         if req.quantize == "int8":  # draftsmith's own folder, int8 (runtime/heads/int8_folder.py)
             from draftsmith.runtime.heads.int8_folder import write_int8_export
@@ -153,6 +155,8 @@ def _check_request(req: ExportRequest, kind: HeadKind):
     if req.engine not in ENGINES:
         raise BadInputError("--engine", req.engine, f"one of {', '.join(ENGINES)}")
     check_quantize(req.quantize, req.format, req.engine, layouts[req.format])
+    if req.sglang_version is not None and req.engine != "sglang":  # the eagle3 format's SGLang export
+        raise BadInputError("--sglang-version", req.sglang_version, "only with --engine sglang")
     if req.push_to_hub:
         from draftsmith.train.hub import check_repo_id
 

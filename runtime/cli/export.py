@@ -105,6 +105,11 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
         "(bash scripts/setup_llamacpp.sh)",
     )
     p.add_argument(
+        "--sglang-version",
+        help="eagle3 format for SGLang: the release that will serve it; required for a head with EAGLE-3.1 "
+        "options (fc_norm, norm_output: >= 0.5.12; norm_before_fc: >= 0.5.17), which older SGLang skips",
+    )
+    p.add_argument(
         "--num-speculative-tokens",
         type=int,
         default=3,
@@ -153,6 +158,7 @@ def run_export(args: argparse.Namespace) -> None:
             any_target=args.any_target,
             quantize=args.quantize,
             llamacpp=args.llamacpp,
+            sglang_version=args.sglang_version,
             license=args.license,
             push_to_hub=args.push_to_hub,
             private=args.private,

@@ -14,8 +14,9 @@
   `peagle` (P-EAGLE: the EAGLE-3 head drafting K positions in one forward), `aux_layers` (which
   target hidden states feature heads read), `draft_vocab` (the reduced draft vocabulary EAGLE-3 and DFlash
   heads share: `d2t`, `t2d`);
-- engine layouts: `layouts` (EAGLE-3: vLLM, SGLang, speculators), `mtp_layout` (DeepSeek-V3's;
-  `mtp_stream` writes it shard by shard),
+- engine layouts: `layouts` (EAGLE-3: vLLM, SGLang, speculators; `sglang_versions`: the first SGLang
+  release that reads each EAGLE-3.1 option), `mtp_layout` (DeepSeek-V3's;
+  `mtp_stream` writes it shard by shard), `mtp_speculators` (speculators' MTP),
   `medusa_layout` (vLLM's medusa, FasterDecoding's on import), `dflash_layout` (speculators', z-lab's),
   `dspark_layout` (speculators' DSpark);
 - `eagle3_gguf`: an EAGLE-3 head as llama.cpp's GGUF, written by llama.cpp's own converter and checked.

@@ -102,9 +102,13 @@ def write_official(folder: Path, out: Path, options: LayoutOptions) -> Written:
 
     head = load_head(folder)
     check_export_target(head.config, options.target, "--target", options.any_target, folder)
-    config, tensors = to_official(head, engine=options.engine)
+    config, tensors = to_official(head, engine=options.engine, sglang_version=options.sglang_version)
     written = _write(head, config, tensors, out, "eagle3", options.engine, options.quantize)
     written.engine = options.engine
+    if options.engine == "sglang":  # which SGLang reads its EAGLE-3.1 options (sglang_versions.py)
+        from draftsmith.runtime.heads.sglang_versions import card_line
+
+        written.details.append(card_line(head.config))
     return written
 
 

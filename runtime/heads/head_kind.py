@@ -111,6 +111,7 @@ class LayoutOptions:
     any_target: bool = False  # a co-trained eagle3 head for a target other than its own (eagle3_binding)
     quantize: str | None = None  # fp8: the layout's weights in FP8 (runtime/heads/fp8_checkpoint.py)
     llamacpp: str = ".venv-llamacpp"  # gguf: the llama.cpp setup whose converter writes the file
+    sglang_version: str | None = None  # eagle3 --engine sglang: the release serving it (sglang_versions.py)
 
 
 @dataclass

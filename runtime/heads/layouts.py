@@ -30,6 +30,7 @@ from draftsmith.runtime.heads.aux_layers import (
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, check_head_matches_target
 from draftsmith.runtime.heads.fp8_checkpoint import dequantize_checkpoint
 from draftsmith.runtime.heads.head_folder import config_from, fill_strict
+from draftsmith.runtime.heads.sglang_versions import check_sglang_version
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,13 @@ def _norm_flags(cfg: Eagle3Config, official: bool = False) -> dict:
     return flags
 
 
-def to_official(head: Eagle3Head, engine: str = "sglang") -> tuple[dict, dict[str, torch.Tensor]]:
+def to_official(
+    head: Eagle3Head, engine: str = "sglang", sglang_version: str | None = None
+) -> tuple[dict, dict[str, torch.Tensor]]:
     """The official / SGLang EAGLE-3 folder (also what vLLM's `method: eagle3` loads), aux ids written in
-    `engine`'s convention. `t2d` is kept (both engines ignore it); no embedding (engines use the target's)."""
+    `engine`'s convention. `t2d` is kept (both engines ignore it); no embedding (engines use the target's).
+    For SGLang, a head with EAGLE-3.1 options needs `sglang_version` at least the first release that reads
+    them (runtime/heads/sglang_versions.py)."""
     cfg = head.config
     if cfg.norm_before_residual:
         raise BadInputError(
@@ -124,15 +129,17 @@ def to_official(head: Eagle3Head, engine: str = "sglang") -> tuple[dict, dict[st
             "False for the official layout (SGLang's layer has no such flag)",
             "export --format speculators keeps it",
         )
-    if engine == "sglang" and (cfg.num_layers > 1 or cfg.norm_output):
-        # vLLM's loader reads both (layers.{i}, norm_output; checked against its source); SGLang's naming
-        # and support for them were not verified, so no SGLang folder claims to carry them.
+    if engine == "sglang" and cfg.num_layers > 1:
+        # vLLM's loader reads layers.{i} (checked against its source); SGLang's naming of further layers
+        # was not verified, so no SGLang folder claims to carry them.
         raise BadInputError(
-            "num_layers / norm_output",
-            f"{cfg.num_layers} / {cfg.norm_output}",
-            "1 / False for an SGLang export",
+            "num_layers",
+            cfg.num_layers,
+            "1 for an SGLang export",
             "export --engine vllm or --format speculators for vLLM",
         )
+    if engine == "sglang":
+        check_sglang_version(cfg, sglang_version)  # EAGLE-3.1 options: SGLang >= the release reading them
     dtype = head.fc.weight.dtype
     config = {
         "architectures": ["LlamaForCausalLMEagle3"],

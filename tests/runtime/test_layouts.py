@@ -112,7 +112,8 @@ def test_speculators_layout_round_trip(target):
 
 def test_two_layer_norm_output_heads_round_trip_for_vllm(target):
     """num_layers = 2 and norm_output travel through vLLM's official layout and speculators' (vLLM reads
-    both: layers.{i}, `norm_output`); an SGLang export refuses them (not verified there)."""
+    both: layers.{i}, `norm_output`); an SGLang export refuses the second layer (not verified there) and
+    norm_output without an SGLang release that reads it (tests/train/test_sglang_versions.py)."""
     head = random_head(target, num_layers=2, norm_output=True)
     config, tensors = to_official(head, engine="vllm")
     assert config["num_hidden_layers"] == 2 and config["norm_output"] is True
@@ -124,8 +125,11 @@ def test_two_layer_norm_output_heads_round_trip_for_vllm(target):
     assert config["transformer_layer_config"]["num_hidden_layers"] == 2 and config["norm_output"] is True
     assert {"layers.0.hidden_norm.weight", "layers.1.input_layernorm.weight"} <= set(tensors)
     assert_same_head(head, from_layout(foreign(config), dict(tensors), target))
-    with pytest.raises(BadInputError, match="num_layers / norm_output"):
-        to_official(head, engine="sglang")
+    with pytest.raises(BadInputError, match="num_layers: got 2"):
+        to_official(head, engine="sglang", sglang_version="0.5.23")
+    one = random_head(target, norm_output=True)
+    with pytest.raises(BadInputError, match="--sglang-version: got None.*>= 0.5.12"):
+        to_official(one, engine="sglang")
 
 
 def test_norm_before_residual_changes_the_head(target):

@@ -30,6 +30,7 @@ from transformers import LlamaConfig
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head, save_head
+from draftsmith.runtime.heads.sglang_versions import sglang_minimum
 from draftsmith.train.export import ExportRequest, export
 
 SGL = "sglang@03d5a77 python/sglang/srt/models/llama_eagle3.py"
@@ -146,7 +147,8 @@ READERS: dict[str, list[Read]] = {
 }
 
 # (head options, --engine, the readers that serve that export). SGLang at 03d5a77 reads no fc_norm, so
-# it is checked on the plain head only.
+# it is checked on the plain head only (the fc_norm export names SGLang 0.5.12, the first release that
+# reads it: runtime/heads/sglang_versions.py).
 CASES = {
     "eagle3": ({}, "sglang", ("SGLang", "SpecForge")),
     "eagle3.1 fc_norm": ({"fc_norm": True}, "sglang", ("SpecForge",)),
@@ -170,10 +172,13 @@ def random_head(target, **options) -> Eagle3Head:
 
 
 def exported_config(head: Eagle3Head, tmp_path, engine: str) -> dict:
-    """config.json of `draftsmith export HEAD --format eagle3 --engine ENGINE`."""
+    """config.json of `draftsmith export HEAD --format eagle3 --engine ENGINE` (for SGLang, naming the
+    release that reads the head's EAGLE-3.1 options, if any)."""
     save_head(head, tmp_path / "head")
     out = tmp_path / f"export-{engine}"
-    export(ExportRequest(checkpoint=str(tmp_path / "head"), format="eagle3", out=str(out), engine=engine))
+    version = sglang_minimum(head.config) if engine == "sglang" and head.config.fc_norm else None
+    request = ExportRequest(str(tmp_path / "head"), "eagle3", str(out), engine=engine, sglang_version=version)
+    export(request)
     return json.loads((out / "config.json").read_text())
 
 
@@ -199,7 +204,7 @@ def test_readers_resolve_every_key_to_what_the_head_does(target, tmp_path, case)
 
 def test_norm_output_is_written_only_when_true(target, tmp_path):
     """A plain head's export leaves the key out (each reader's default then matches it); a norm_output
-    head's vLLM export writes it true, and an SGLang export of it is refused, as before."""
+    head's vLLM export writes it true, and an SGLang export of it is refused without --sglang-version."""
     plain = exported_config(random_head(target), tmp_path / "plain", "sglang")
     assert "norm_output" not in plain
     head = random_head(target, norm_output=True)
