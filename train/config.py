@@ -67,6 +67,8 @@ class DataConfig:
     fp8_last_hidden: bool = False  # with fp8: the last hidden state in fp8 too (else bfloat16)
     fp8_bf16_layers: list[int] = field(default_factory=list)  # with fp8: aux layer ids kept in bfloat16
     dir: str | None = None  # where data steps write; None = ~/.cache/draftsmith/data/<inputs hash>
+    # enable_thinking of Qwen3-style chat templates (`data prepare --thinking`); None = the template's own
+    thinking: Literal["on", "off"] | None = None
 
 
 @dataclass

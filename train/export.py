@@ -18,7 +18,8 @@ vLLM loads drafts with (`--format speculators`, or `eagle3 --engine vllm`; runti
 model card states the precision.
 An export is written to a temporary sibling folder, read back with the same importer `--draft` uses and
 compared tensor by tensor with the head, and only then renamed into place: a failed export leaves
-nothing half-written.
+nothing half-written. The head's `trained_for` record (its chat template and thinking mode:
+runtime/heads/trained_for.py) goes into the export's config.json and its card.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from pathlib import Path
 from draftsmith.runtime.errors import BadInputError, check_output_dir, read_json
 from draftsmith.runtime.heads import head_kinds
 from draftsmith.runtime.heads.fp8_checkpoint import check_quantize
+from draftsmith.runtime.heads.head_folder import CONFIG_FILE
 from draftsmith.runtime.heads.head_kind import HeadKind, LayoutOptions
+from draftsmith.runtime.heads.trained_for import read_trained_for, stamp
 from draftsmith.train.model_card import CardFacts, bench_rows, model_card, run_facts
 
 log = logging.getLogger(__name__)
@@ -94,6 +97,9 @@ def export(req: ExportRequest) -> Path:
             written = write_int8_export(kind, folder, tmp)
         else:
             written = layout.write(folder, tmp, options)
+        record = read_trained_for(folder)  # the chat template and thinking mode it was trained with
+        if record is not None and (tmp / CONFIG_FILE).is_file():
+            stamp(tmp, record)  # a top-level key engines' readers ignore (runtime/heads/trained_for.py)
         facts = CardFacts(
             req.format,
             kind.name,
@@ -103,6 +109,7 @@ def export(req: ExportRequest) -> Path:
             size=written.size,
             details=written.details,
             precision=written.precision,
+            trained_for=record,
         )
         facts.run = run_facts(_run_dir(folder))
         facts.bench, facts.bench_meta = bench_rows(Path(req.bench) if req.bench else None, folder)

@@ -41,6 +41,7 @@ class CardFacts:
     vllm: dict | None = None  # scripts/check_vllm.sh summary
     details: list[str] = field(default_factory=list)  # format-specific lines (aux ids, modules, ...)
     precision: str = ""  # a quantized export's weights (fp8 / int8); "" = as trained, the size's dtypes
+    trained_for: dict | None = None  # the head's record: template hash, thinking mode (heads/trained_for.py)
 
 
 def run_facts(run_dir: Path | None) -> dict:
@@ -132,7 +133,21 @@ def _summary(facts: CardFacts) -> str:
         lines.append(f"- size: {facts.size}")
     lines.append(f"- precision: {_precision(facts)}")
     lines += [f"- {d}" for d in facts.details]
+    if facts.trained_for:
+        lines.append(_template_line(facts.trained_for))
     return "\n".join(lines) + "\n"
+
+
+def _template_line(record: dict) -> str:
+    """What prompts looked like in training: serve it with the same template and thinking mode."""
+    mode = record.get("thinking")
+    thinking = f", thinking {mode} (`--thinking {mode}`)" if mode else ""
+    return (
+        f"- trained on prompts rendered with the chat template `{record.get('template_hash')}` of "
+        f"`{record.get('target')}`{thinking}: draftsmith refuses to serve it with another template or "
+        "thinking mode (exit 2) unless `--allow-template-mismatch`; engines render prompts their own way, so "
+        "keep the target's chat template and mode there too"
+    )
 
 
 def _precision(facts: CardFacts) -> str:

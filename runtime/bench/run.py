@@ -22,10 +22,12 @@ from pathlib import Path
 import torch
 
 from draftsmith.runtime.bench.compare import check_request_inputs
+from draftsmith.runtime.core.chat_template import chat_identity, thinking_arg, use_thinking
 from draftsmith.runtime.core.quantize import parse_quantize
 from draftsmith.runtime.core.row_linear import check_mode
 from draftsmith.runtime.drafters.drafting import default_trees
 from draftsmith.runtime.errors import BadInputError, check_output_dir
+from draftsmith.runtime.heads.trained_for import check_drafts
 from draftsmith.runtime.speculator import SpecConfig, prepare_target
 
 log = logging.getLogger("draftsmith")
@@ -65,6 +67,8 @@ class BenchRequest:
     draft_group_size: int | None = None
     sync_timing: bool = False  # synchronize CUDA around each timed draft / verify phase (cycle_timing.py)
     vllm_tp_size: int = 1  # the vLLM rows' tensor parallelism (GPUs); CUDA graphs on a GPU
+    thinking: str | None = None  # on | off: the chat template's thinking mode (None: its default)
+    allow_template_mismatch: bool = False  # a head trained on another template / mode: warn, not exit 2
 
     def method_specs(self) -> list[str]:
         specs = ["plain", *[b for b in self.baselines if b != "plain"]]
@@ -114,6 +118,8 @@ def run_bench(req: BenchRequest, target=None) -> dict:
     specs = req.method_specs()
     quant, draft_quant = check_quantize(req, specs)
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
+    use_thinking(target, thinking_arg(req.thinking, "--thinking"))  # runtime/core/chat_template.py
+    check_drafts(req.drafts, target, req.allow_template_mismatch, req.chat)  # runtime/heads/trained_for.py
     # before the methods: their verify costs and drafters see the quantized target and its linears
     rows_plan = prepare_target(target, quant, req.attention, req.cpu_linears)
     if req.batch_sizes is None:
@@ -209,6 +215,7 @@ def run_meta(req: BenchRequest, target, convs) -> dict:
         "versions": versions(),
         "machine": machine_facts(target),
         "target": target.name,
+        "chat_template": chat_identity(target) if req.chat else None,  # template hash, thinking mode
         "prompt_tokens_mean": sum(len(target.encode(c.turns[0], chat=req.chat)) for c in convs) / len(convs),
         "skipped": [],
         "categories": [],

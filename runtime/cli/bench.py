@@ -12,10 +12,12 @@ from draftsmith.runtime.cli.args import (
     add_placement_args,
     add_target_args,
     add_target_runtime_args,
+    add_template_check_args,
     add_verb,
     declare_needs,
     declare_outputs,
     int_arg,
+    needs_chat,
     split_of,
 )
 from draftsmith.runtime.errors import BadInputError, flag_needs
@@ -52,7 +54,8 @@ def add_bench(sub) -> None:
     groups += (add_output_args,)
     p = add_verb(sub, "bench", *verb_texts.BENCH, run=run_bench_cli, groups=groups)
     declare_outputs(p, dirs=("--out",))
-    declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)))
+    add_template_check_args(p)  # --thinking, --allow-template-mismatch (runtime/heads/trained_for.py)
+    declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)), needs_chat("--thinking"))
 
 
 def add_method_args(p: argparse.ArgumentParser) -> None:
@@ -125,6 +128,7 @@ AS_GIVEN = (
     "quantize", "group_size", "quantize_draft", "draft_group_size",
     "prompts", "num_prompts", "max_new_tokens", "temperatures", "batch_sizes",  # the workload
     "repeats", "seed", "out", "sync_timing", "vllm_tp_size",
+    "thinking", "allow_template_mismatch",  # the chat template's mode, the heads' template check
 )  # fmt: skip
 
 

@@ -25,12 +25,14 @@ from draftsmith.runtime.cli.args import (
     add_placement_args,
     add_target_args,
     add_target_runtime_args,
+    add_template_check_args,
     add_verb,
     check_parsed,
     declare_needs,
     declare_outputs,
     finite_float_arg,
     int_arg,
+    needs_chat,
     split_of,
 )
 from draftsmith.runtime.cli.bench import add_bench
@@ -65,8 +67,9 @@ def add_generate(sub) -> None:
     add_target_runtime_args(p)  # --attention, --cpu-linears, --quantize and its options (cli/args.py)
     add_placement_args(p, SERVE_REPLICATE)  # torchrun: the target split over a group (core/split_run.py)
     add_ssd_args(p)  # runtime/cli/ssd.py
+    add_template_check_args(p)  # --thinking, --allow-template-mismatch (runtime/heads/trained_for.py)
     declare_outputs(p, files=("--ssd-trace",))
-    declare_needs(p, flag_needs("--tree", "--draft", lambda a: a.draft != "none"))
+    declare_needs(p, flag_needs("--tree", "--draft", lambda a: a.draft != "none"), needs_chat("--thinking"))
 
 
 def add_speculation_args(p: argparse.ArgumentParser) -> None:
@@ -126,9 +129,13 @@ def run_generate(args: argparse.Namespace) -> None:
 
 
 def generate_on(args: argparse.Namespace, target, cfg, params, texts: list[str], quant) -> None:
+    from draftsmith.runtime.core.chat_template import thinking_arg, use_thinking
     from draftsmith.runtime.core.collectives import CollectiveCounter
+    from draftsmith.runtime.heads.trained_for import check_drafts
     from draftsmith.runtime.speculator import build_speculator, prepare_target
 
+    use_thinking(target, thinking_arg(args.thinking, "--thinking"))  # exit 2 where the template has none
+    check_drafts([args.draft], target, args.allow_template_mismatch, chat=not args.no_chat)
     cfg.rows_plan = prepare_target(target, quant, args.attention, args.cpu_linears)
     prompt_ids = [target.encode(t, chat=not args.no_chat) for t in texts]
     cfg.batch_sizes = sorted({min(args.batch_size, len(prompt_ids)), 1})  # auto:K's cost curve

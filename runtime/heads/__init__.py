@@ -6,7 +6,8 @@
   `kind_parts` (the helpers they share: lazy imports, a layout written, read back and compared, the
   speculators serve text);
 - `head_folder`: the one strict reader of head folders every kind's loader calls (files, head_type, config
-  keys, tensor names, shapes and values);
+  keys, tensor names, shapes and values); `trained_for`: the chat template and thinking mode a head was
+  trained with (its config's record), checked against the target it is served with;
 - the heads: `eagle3` (with `eagle3_binding`: a co-trained head's binding to its target's weights),
   `mtp` (with `mtp_config`, and `mtp_block`: its blocks per family, MoE or dense), `medusa` (with its
   trees `medusa_tree`: cartesian and sparse), `dflash` (the DFlash block drafter), `dspark` (DSpark: a

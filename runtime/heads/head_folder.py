@@ -4,7 +4,8 @@
     head = fill_strict(Eagle3Head(config), tensors, "EAGLE-3", config.draft_vocab_size)   # names, shapes
 
 `read_head_folder` refuses a folder without both config.json and model.safetensors, one whose config.json
-names another `head_type` (saying which), and one whose keys are not the config class's fields.
+names another `head_type` (saying which), and one whose keys are not the config class's fields (besides
+`trained_for`, the record runtime/heads/trained_for.py writes and checks).
 `fill_strict` loads tensors into a built module: every tensor it expects present with its exact shape,
 nothing extra, floats finite (runtime/core/artifacts.check_tensors), derived buffers (`rotary.*`) never
 stored, values cast to the module's dtypes, and its draft-vocabulary map (d2t/t2d) valid. The engine
@@ -23,6 +24,9 @@ from draftsmith.runtime.core.artifacts import check_tensors, load_tensors, valid
 from draftsmith.runtime.errors import BadInputError, read_json
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+TRAINED_FOR = (
+    "trained_for"  # config.json's record of the data it was trained on (runtime/heads/trained_for.py)
+)
 DERIVED = ("rotary.",)  # buffers a head rebuilds from its config: never stored, never expected
 
 
@@ -48,7 +52,9 @@ def check_head_type(raw: dict, kind: str) -> None:
 
 
 def config_from(raw: dict, config_class: type, where: str | Path):
-    """config_class(**raw), a key it does not have (or a missing one) named as the file's error."""
+    """config_class(**raw), a key it does not have (or a missing one) named as the file's error; the
+    `trained_for` record is not a config field (it is read and checked where the head is served)."""
+    raw = {key: value for key, value in raw.items() if key != TRAINED_FOR}
     try:
         return config_class(**raw)
     except TypeError as err:

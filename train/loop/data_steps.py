@@ -17,7 +17,7 @@ import logging
 import re
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -50,6 +50,7 @@ class DataPaths:
     vocab: Path
     capture: Path | None  # offline mode only
     data_hash: str  # the prepared data's inputs hash (a resume refuses other data)
+    fingerprint: dict = field(default_factory=dict)  # what it was made for: final/'s trained_for record
 
 
 def data_root(cfg, target) -> Path:
@@ -168,7 +169,7 @@ def _ensure_data(cfg, target, aux_layers, progress: bool, acc) -> DataPaths:
         if not _visible(lambda: done() is not None):
             require_whole(captured, "data.dir", ("capture",))  # names a missing part
             raise _not_shared(captured, rank)
-    return DataPaths(prepared, vocab, captured, record["inputs_hash"])
+    return DataPaths(prepared, vocab, captured, record["inputs_hash"], record["inputs"]["fingerprint"])
 
 
 def _prepare_and_vocab(cfg, target, root: Path, progress: bool) -> dict:
@@ -227,6 +228,7 @@ def data_commands(cfg, target, aux_layers, world: int = 1) -> list[str]:
     prep = ["prepare", "--target", cfg.target, "--source", d.source, "--out", prepared]
     prep += ["--max-length", str(d.max_length), "--validation-fraction", str(d.validation_fraction)]
     prep += ["--seed", str(d.seed)] + (["--max-samples", str(d.max_samples)] if d.max_samples else [])
+    prep += ["--thinking", d.thinking] if d.thinking else []  # capture follows the mode recorded by prepare
     vocab = ["vocab", "--data", prepared, "--draft-vocab-size", str(cfg.head.draft_vocab_size)]
     steps = [prep, [*vocab, "--out", str(root / f"vocab-{cfg.head.draft_vocab_size}")]]
     if d.mode == "offline":

@@ -28,6 +28,7 @@ import torch
 
 from draftsmith.runtime.core.config import save_config
 from draftsmith.runtime.errors import BadInputError, DraftsmithError, renamed_fields
+from draftsmith.runtime.heads.trained_for import stamp, trained_for
 from draftsmith.train.loop.accelerator_setup import no_zero3_init
 from draftsmith.train.loop.checkpoints import (
     cfg_fingerprint,
@@ -72,6 +73,7 @@ def load_target(cfg, acc, whole: bool = False):
     """The frozen target: offline (data.mode), only the parts the batches read (runtime/core/target_parts.py),
     unless `whole`; online, every layer (target_placement=tp: this rank's tensor-parallel shard of each,
     runtime/core/placement.py). Errors name the config key `target`."""
+    from draftsmith.runtime.core.chat_template import thinking_arg, use_thinking
     from draftsmith.runtime.core.placement import resident_bytes
     from draftsmith.runtime.core.target import Target
     from draftsmith.runtime.core.target_parts import TargetParts
@@ -80,9 +82,12 @@ def load_target(cfg, acc, whole: bool = False):
         if cfg.data.mode == "offline" and not whole:
             parts = TargetParts.load(cfg.target, device=str(acc.device), dtype=cfg.dtype)
             log.info("offline: %s", parts.description())
+            use_thinking(parts, thinking_arg(cfg.data.thinking, "data.thinking"), "data.thinking")
             return parts
         layout = target_layout(cfg, acc)
         target = Target.load(cfg.target, device=str(acc.device), dtype=cfg.dtype, layout=layout)
+    # the data steps render with it and record it; final/ carries it (runtime/core/chat_template.py)
+    use_thinking(target, thinking_arg(cfg.data.thinking, "data.thinking"), "data.thinking")
     if target.tp_size > 1:
         log.info(
             "target: %s over %d ranks x %d data-parallel group(s), %.1f MB of weights per rank",
@@ -408,6 +413,7 @@ class Trainer:
         if acc.is_main_process:
             final = self.out / "final"
             self.kind.save_final(state, final)
+            stamp(final, trained_for(self.paths.fingerprint))  # the data's template and thinking mode
             plot_curves(self.metrics.path, self.out / "training_curve.png")
             plot_reliability(self.metrics.path, self.out / "reliability.png")  # a kind with a confidence head
             use = f"--draft {self.cfg.head.type}:{final}"
