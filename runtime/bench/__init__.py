@@ -14,7 +14,9 @@ costs -> predicted tokens/s); `reading` (the demo's closing reading of its own r
 curve, why a drafter lost or won). `eval_run`
 (`draftsmith eval`: the untimed acceptance of drafts on one pinned harness), `eval_sets` (the papers' sets:
 SPEED-Bench, GSM8K, MT-Bench, MATH-500, HumanEval, MBPP, from the Hub or local files), `eval_record` (the
-acceptance record and the harness pins), `eval_report` (eval.json, report.md, plots, the leaderboard).
+acceptance record and the harness pins), `eval_report` (eval.json, report.md, plots, the leaderboard),
+`eval_context` (acceptance against context length: long documents cut to each length), `eval_context_report`
+(its plot and report table).
 Studies built on these (the 70B-on-H100 SSD projection, the per-prompt speed harness) live in
 scripts/studies/.
 """

@@ -13,6 +13,7 @@ import json
 import logging
 from pathlib import Path
 
+from draftsmith.runtime.bench.eval_context_report import context_markdown, context_plot
 from draftsmith.runtime.core.config import atomic_write_text
 
 log = logging.getLogger("draftsmith")
@@ -87,6 +88,8 @@ def markdown(result: dict, plots: list[str]) -> str:
             lines.append(
                 f"| {e['method']} | {e['temperature']:g} | {e['set']} | {category} | {record_cells(r)} |"
             )
+    if "context" in result:  # acceptance against context length (runtime/bench/eval_context_report.py)
+        lines += context_markdown(result)
     lines += ["", *[f"![{Path(p).stem}]({Path(p).name})" for p in plots]]
     return "\n".join(lines) + "\n"
 
@@ -94,6 +97,8 @@ def markdown(result: dict, plots: list[str]) -> str:
 def write_eval_report(out: Path, result: dict, plots: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     files = make_plots(out, result) if plots else []
+    if plots and "context" in result:
+        files.append(context_plot(out, result))
     result["files"] = [str(out / "eval.json"), str(out / "report.md"), *files]
     atomic_write_text(out / "eval.json", json.dumps(result, indent=1) + "\n")
     atomic_write_text(out / "report.md", markdown(result, files))
