@@ -51,6 +51,8 @@ class EvalRequest:
     group_size: int | None = None
     quantize_draft: str = "none"  # the drafts' own linears (a drafter without weights runs as it is)
     draft_group_size: int | None = None
+    context_lengths: list[int] | None = None  # acceptance against context length (eval_context.py)
+    context_docs: str = "sharegpt"  # the long documents cut to each length
     command: str = ""
 
     def methods(self) -> list[tuple[str, str | None]]:
@@ -107,6 +109,7 @@ def check_request(req: EvalRequest):
 
 def run_eval(req: EvalRequest, target=None) -> dict:
     """Every draft x tree x temperature over every set -> the result (also written to OUT)."""
+    from draftsmith.runtime.bench.eval_context import context_result, context_sets, read_documents
     from draftsmith.runtime.bench.eval_record import harness_pins
     from draftsmith.runtime.bench.eval_report import leaderboard, write_eval_report
     from draftsmith.runtime.core.quantize import parse_quantize
@@ -122,10 +125,14 @@ def run_eval(req: EvalRequest, target=None) -> dict:
         for m in req.methods()
     }
     quant = parse_quantize(req.quantize, req.group_size)
-    sets = load_sets(req)  # before the target loads: a missing file costs nothing
+    docs = read_documents(req.context_docs) if req.context_lengths else None  # runtime/bench/eval_context.py
+    sets = load_sets(req) if docs is None else []  # before the target loads: a missing file costs nothing
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
     rows_plan = prepare_target(target, quant, req.attention, req.cpu_linears)
-    prompt_ids = [[target.encode(p.turns[0], chat=req.chat) for p in prompts] for prompts, _ in sets]
+    if docs is None:
+        prompt_ids = [[target.encode(p.turns[0], chat=req.chat) for p in prompts] for prompts, _ in sets]
+    else:  # one set per context length, the same documents cut to each
+        sets, prompt_ids, context = context_sets(req, target, docs)
     sampling = {"top_p": req.top_p, "top_k": req.top_k, "seed": req.seed, "batch_size": req.batch_size}
     harness = harness_pins(target, sampling, req.max_new_tokens, req.chat, [pin for _, pin in sets])
     harness["temperatures"] = req.temperatures  # beside the id: each entry names its own temperature
@@ -142,6 +149,8 @@ def run_eval(req: EvalRequest, target=None) -> dict:
         "leaderboard": leaderboard(entries),
         "wall_s": round(time.perf_counter() - start, 3),  # the run's cost, never a measured number
     }
+    if docs is not None:
+        result["context"] = context_result(context, entries, sets)
     return write_eval_report(Path(req.out), result, plots=req.plots)
 
 

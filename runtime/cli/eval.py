@@ -21,7 +21,7 @@ from draftsmith.runtime.cli.args import (
     int_arg,
 )
 from draftsmith.runtime.cli.bench import number_list
-from draftsmith.runtime.errors import flag_needs
+from draftsmith.runtime.errors import BadInputError, flag_needs
 
 
 def add_eval(sub) -> None:
@@ -29,6 +29,7 @@ def add_eval(sub) -> None:
     p = add_verb(sub, "eval", *verb_texts.EVAL, run=run_eval_cli, groups=groups)
     declare_outputs(p, dirs=("--out",))
     declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)))
+    declare_needs(p, flag_needs("--context-docs", "--context-lengths", lambda a: bool(a.context_lengths)))
 
 
 def add_draft_args(p: argparse.ArgumentParser) -> None:
@@ -67,6 +68,17 @@ def add_harness_args(p: argparse.ArgumentParser) -> None:
         help="prompts decoded together (speed only: the record does not depend on it at T = 0)",
     )
     p.add_argument("--no-chat", action="store_true", help="feed prompts as they are")
+    p.add_argument(
+        "--context-lengths",
+        type=number_list("--context-lengths", int),
+        help="acceptance against context length, e.g. 2048,4096,8192: long documents cut to each length "
+        "(prompt + --max-new-tokens), then a question; at most the target's context (instead of --set)",
+    )
+    p.add_argument(
+        "--context-docs",
+        help="the long documents: sharegpt (held-out conversations, default), text:FILE, or an eval set "
+        "such as speed-bench/throughput_8k[:FILE]",
+    )
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
@@ -94,7 +106,12 @@ def run_eval_cli(args: argparse.Namespace) -> None:
         chat=not args.no_chat,
         plots=not args.no_plots,
         command="draftsmith " + " ".join(shlex.quote(a) for a in args.argv),
+        context_lengths=args.context_lengths,
+        context_docs=args.context_docs or "sharegpt",
     )
+    for flag, given in (("--set", args.set), ("--categories", args.categories)):
+        if given and args.context_lengths:
+            raise BadInputError(flag, given, "no " + flag + " with --context-lengths (--context-docs)")
     result = run_eval(request)
     if args.json:
         print(json.dumps(result), flush=True)
