@@ -51,6 +51,8 @@ class EvalRequest:
     group_size: int | None = None
     quantize_draft: str = "none"  # the drafts' own linears (a drafter without weights runs as it is)
     draft_group_size: int | None = None
+    thinking: str | None = None  # on | off: the chat template's thinking mode (None: its default)
+    allow_template_mismatch: bool = False  # a head trained on another template / mode: warn, not exit 2
     context_lengths: list[int] | None = None  # acceptance against context length (eval_context.py)
     context_docs: str = "sharegpt"  # the long documents cut to each length
     command: str = ""
@@ -112,8 +114,10 @@ def run_eval(req: EvalRequest, target=None) -> dict:
     from draftsmith.runtime.bench.eval_context import context_result, context_sets, read_documents
     from draftsmith.runtime.bench.eval_record import harness_pins
     from draftsmith.runtime.bench.eval_report import leaderboard, write_eval_report
+    from draftsmith.runtime.core.chat_template import thinking_arg, use_thinking
     from draftsmith.runtime.core.quantize import parse_quantize
     from draftsmith.runtime.core.target import Target
+    from draftsmith.runtime.heads.trained_for import check_drafts
     from draftsmith.runtime.speculator import SpecConfig, prepare_target
 
     all_params = check_request(req)
@@ -128,6 +132,8 @@ def run_eval(req: EvalRequest, target=None) -> dict:
     docs = read_documents(req.context_docs) if req.context_lengths else None  # runtime/bench/eval_context.py
     sets = load_sets(req) if docs is None else []  # before the target loads: a missing file costs nothing
     target = target or Target.load(req.target, device=req.device, dtype=req.dtype)
+    use_thinking(target, thinking_arg(req.thinking, "--thinking"))  # runtime/core/chat_template.py
+    check_drafts(req.drafts, target, req.allow_template_mismatch, req.chat)  # runtime/heads/trained_for.py
     rows_plan = prepare_target(target, quant, req.attention, req.cpu_linears)
     if docs is None:
         prompt_ids = [[target.encode(p.turns[0], chat=req.chat) for p in prompts] for prompts, _ in sets]

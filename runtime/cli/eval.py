@@ -14,11 +14,13 @@ from draftsmith.runtime.cli.args import (
     add_drafts_args,
     add_target_args,
     add_target_runtime_args,
+    add_template_check_args,
     add_verb,
     declare_needs,
     declare_outputs,
     finite_float_arg,
     int_arg,
+    needs_chat,
 )
 from draftsmith.runtime.cli.bench import number_list
 from draftsmith.runtime.errors import BadInputError, flag_needs
@@ -28,7 +30,8 @@ def add_eval(sub) -> None:
     groups = (add_target_args, add_target_runtime_args, add_draft_args, add_harness_args, add_output_args)
     p = add_verb(sub, "eval", *verb_texts.EVAL, run=run_eval_cli, groups=groups)
     declare_outputs(p, dirs=("--out",))
-    declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)))
+    add_template_check_args(p)  # --thinking, --allow-template-mismatch (runtime/heads/trained_for.py)
+    declare_needs(p, flag_needs("--tree", "--draft", lambda a: bool(a.draft)), needs_chat("--thinking"))
     declare_needs(p, flag_needs("--context-docs", "--context-lengths", lambda a: bool(a.context_lengths)))
 
 
@@ -91,6 +94,7 @@ AS_GIVEN = (
     "target", "device", "dtype", "attention", "cpu_linears", "quantize", "group_size", "quantize_draft",
     "draft_group_size",
     "num_prompts", "max_new_tokens", "temperatures", "top_p", "top_k", "seed", "batch_size", "out",
+    "thinking", "allow_template_mismatch",  # the chat template's mode, the heads' template check
 )  # fmt: skip
 
 

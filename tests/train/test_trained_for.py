@@ -152,7 +152,7 @@ def test_generate_refuses_another_mode_unless_overridden(run, thinking_dir, caps
     assert "--thinking: got 'on', expected chat-templated prompts" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("verb", ["bench"])  # eval: once runtime/bench/eval_run.py is committed
+@pytest.mark.parametrize("verb", ["eval", "bench"])
 def test_eval_and_bench_check_each_head_before_decoding(verb, run, thinking_dir, tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "w1 w2 w3"}) + "\n")
