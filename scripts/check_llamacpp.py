@@ -13,13 +13,14 @@ it, and accept exactly what draftsmith's runtime accepts? A control GGUF that re
 3. llama.cpp   `llama-speculative-simple` (runtime/bench/llamacpp_spec.py) on the target's F32 GGUF (the
             same weights as draftsmith's fp32 target), greedy, K drafted a step, per prompt, with the head and
             with the control; its prompt is the same chat-templated text (its token count is checked).
-4. compare  per prompt: llama.cpp's text equals draftsmith's plain and speculative texts (both heads:
-            speculation is lossless); llama.cpp's accepted count of every step equals draftsmith's, except the
-            last: llama.cpp is given the prompt and the prefill's greedy token (it prefills all but the last
-            token given and verifies [last, drafts], so its step j is then draftsmith's cycle j). The
-            control's counts must differ. A table on stdout, OUT/summary.json; exit 1 when a check fails.
+4. compare  per prompt: llama.cpp's ids (read from its debug log) equal draftsmith's plain and speculative
+            ids (both heads: speculation is lossless); llama.cpp's accepted count of every step equals
+            draftsmith's, except the last: llama.cpp is given the prompt and the prefill's greedy token (it
+            prefills all but the last token given and verifies [last, drafts], so its step j is then
+            draftsmith's cycle j). The control's counts must differ. A table on stdout, OUT/summary.json;
+            exit 1 when a check fails.
 llama.cpp stops once more than -n tokens are out, so draftsmith generates --max-tokens + 2 (the prefill's
-token and the overshoot); texts are compared up to the shorter one, steps up to the last common one.
+token and the overshoot); ids are compared up to the shorter run, steps up to the last common one.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def main() -> int:
             req = SpecRequest(args.target_gguf, str(gguf), text, args.max_tokens, args.k, args.threads)
             req.per_step = True
             runs[name] = run_spec(tool, req)
-        rows.append(compare(i, p, s, runs, decode(p["token_ids"][:1])))
+        rows.append(compare(i, p, s, runs))
     return report(rows, out, args)
 
 
@@ -114,21 +115,22 @@ def tokenizer(target: str):
     return AutoTokenizer.from_pretrained(resolve_target(target).path)
 
 
-def compare(i: int, plain: dict, spec: dict, runs: dict, first: str) -> dict:
+def compare(i: int, plain: dict, spec: dict, runs: dict) -> dict:
     """llama.cpp continues after the prefill's token, so its step j is draftsmith's cycle j. The runs' last
     steps may differ (their budgets end differently: llama.cpp overshoots -n), and so may their lengths."""
     head, control = runs["head"], runs["control"]
     ours = spec["accepted_lengths"]
     common = min(len(head.accepted), len(ours)) - 1
 
-    def same_text(text: str) -> bool:
-        a, b = first + text, plain["text"]
-        return spec["text"] == b and (a.startswith(b) or b.startswith(a))
+    def same_ids(run) -> bool:  # up to the shorter run: llama.cpp overshoots, draftsmith stops at its budget
+        ids, plain_ids = plain["token_ids"][:1] + run.token_ids, plain["token_ids"]
+        n = min(len(ids), len(plain_ids))
+        return spec["token_ids"] == plain_ids and ids[:n] == plain_ids[:n] and n >= len(plain_ids) - 1
 
     checks = {
         "prompt tokens": head.prompt_tokens == len(plain["prompt_token_ids"]) + 1,
-        "text = draftsmith's": same_text(head.text),
-        "control text = plain": same_text(control.text),
+        "ids = draftsmith's": same_ids(head),
+        "control ids = plain": same_ids(control),
         "steps": common > 0 and head.accepted[:common] == ours[:common],
     }
     return {

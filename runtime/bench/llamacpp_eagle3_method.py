@@ -10,11 +10,10 @@ target folder was converted from, as for `llamacpp` (name an F32 file for weight
 target: only then are the rows' acceptances comparable token for token). Each prompt runs llama.cpp's
 `llama-speculative-simple` once (runtime/bench/llamacpp_spec.py; `bash scripts/setup_llamacpp.sh` builds it):
 the row's time is llama.cpp's own prefill and decode timers (its model loads are not timed, like the worker
-rows'), greedy only (T = 0), one sequence at a time. The tool prints text, not ids: the row's ids are the
-text re-tokenized by the target's tokenizer (greedy identity with the other rows is then checked on text
-that round-trips, which the bench's near-tie verdicts report). llama.cpp stops once more than its budget is
-out: it runs with max_new_tokens - 1 and its ids are cut at max_new_tokens (the few overshoot tokens are
-inside its time).
+rows'), greedy only (T = 0), one sequence at a time. The row's ids are read from the tool's debug log (each
+step's accepted drafts and its own token: exact ids, so the bench's greedy identity holds them against plain
+decoding's). llama.cpp stops once more than its budget is out: it runs with max_new_tokens - 1 and its ids
+are cut at max_new_tokens (the few overshoot tokens are inside its time).
 """
 
 from __future__ import annotations
@@ -71,6 +70,7 @@ class LlamaCppEagle3Method(Method):
         self.head_file = head_gguf(spec, head)
         self.tool = spec_tool(setup)
         self.tokenizer, self.n_ctx = target.tokenizer, max_model_len
+        self.eos = set(getattr(target, "eos_token_ids", None) or ())
         self.threads = torch.get_num_threads()  # the same threads as draftsmith's own rows
         self.facts = {
             "engine": "llama.cpp (llama-speculative-simple, llama-cpp-python 0.3.36's llama.cpp)",
@@ -95,17 +95,26 @@ class LlamaCppEagle3Method(Method):
             text = self.tokenizer.decode(ids)  # special tokens spelled out; llama.cpp parses them back
             req = SpecRequest(str(self.target_file), str(self.head_file), text, max(max_new_tokens - 1, 1))
             req.k, req.threads, req.seed, req.n_ctx = self.k, self.threads, seed, self.n_ctx
+            req.per_step = True  # the ids from its debug log (no measurable cost to its timers)
             run = run_spec(self.tool, req)
             if run.prompt_tokens != len(ids):
                 raise DraftsmithError(
                     f"{self.name}: llama.cpp tokenized the prompt into {run.prompt_tokens} tokens, "
                     f"not {len(ids)}"
                 )
-            out.append(self.tokenizer.encode(run.text, add_special_tokens=False)[:max_new_tokens])
+            out.append(until_eos(run.token_ids, self.eos)[:max_new_tokens])
             wall += run.encode_s + run.decode_s
             forwards += 1 + run.steps  # the prefill, then one verify forward a step
             counters.add(SpecCounters(run.steps, drafted_tokens=run.n_drafted, accepted_tokens=run.n_accept))
         return BatchOutput(out, wall, [None] * len(prompts), spec=counters, target_forwards=forwards)
+
+
+def until_eos(ids: list[int], eos: set[int]) -> list[int]:
+    """The ids up to and with the first end-of-generation token (as draftsmith's rows keep EOS)."""
+    for i, token in enumerate(ids):
+        if token in eos:
+            return ids[: i + 1]
+    return ids
 
 
 def file_type(path: Path) -> str:

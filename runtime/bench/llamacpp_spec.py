@@ -28,7 +28,8 @@ from draftsmith.runtime.errors import BadInputError, DraftsmithError
 
 TOOL = "llama-speculative-simple"
 SETUP = "bash scripts/setup_llamacpp.sh"
-STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens")
+STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)")
+DRAFTED = re.compile(r"draft candidate\s+0, pos\s+\d+:\s+(\d+)")  # the chain's token at each position
 TIMER = re.compile(r"(encoded|decoded)\s+(\d+) tokens in\s+([\d.]+) seconds")
 COUNT = re.compile(r"\b(n_drafted|n_accept|n_predict)\s*=\s*(\d+)")
 
@@ -57,6 +58,7 @@ class SpecRun:
     n_drafted: int
     accepted: list[int] = field(default_factory=list)  # per verify step (with per_step)
     drafted: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # per_step: each step's accepted drafts + its token
     encode_s: float = 0.0  # the prompt's prefill, llama.cpp's own timer
     decode_s: float = 0.0
 
@@ -108,8 +110,8 @@ def parse_spec(stdout: str, stderr: str, prompt: str, per_step: bool = True) -> 
     counts = {name: int(value) for name, value in COUNT.findall(stderr)}
     if "encoded" not in timers or "n_accept" not in counts:
         raise DraftsmithError(f"{TOOL}: no timers or counts in its log (a changed tool?)")
-    steps = [(int(a), int(d)) for a, d in STEP.findall(stderr)]
-    if per_step and sum(a for a, _ in steps) != counts["n_accept"]:
+    steps, ids = step_tokens(stderr)
+    if per_step and sum(a for a, _, _ in steps) != counts["n_accept"]:
         raise DraftsmithError(f"{TOOL}: per-step accepted counts do not add up to n_accept")
     return SpecRun(
         text=text,
@@ -117,8 +119,26 @@ def parse_spec(stdout: str, stderr: str, prompt: str, per_step: bool = True) -> 
         new_tokens=counts["n_predict"],
         n_accept=counts["n_accept"],
         n_drafted=counts["n_drafted"],
-        accepted=[a for a, _ in steps],
-        drafted=[d for _, d in steps],
+        accepted=[a for a, _, _ in steps],
+        drafted=[d for _, d, _ in steps],
+        token_ids=ids,
         encode_s=timers["encoded"][1],
         decode_s=timers["decoded"][1],
     )
+
+
+def step_tokens(stderr: str) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """The debug log's steps (accepted, drafted, the target's token) and the ids they emitted: each step's
+    first `accepted` drafted tokens (the chain: candidate 0 at each position, logged before the step's
+    `accepted` line), then the target's own token. The tool stops at an end-of-generation token, which the
+    caller cuts at (it may sit among a step's accepted drafts)."""
+    steps, ids, chain = [], [], []
+    for line in stderr.splitlines():
+        if (drafted := DRAFTED.search(line)) is not None:
+            chain.append(int(drafted.group(1)))
+        elif (step := STEP.search(line)) is not None:
+            accepted, size, last = (int(g) for g in step.groups())
+            steps.append((accepted, size, last))
+            ids += chain[:accepted] + [last]
+            chain = []
+    return steps, ids
