@@ -125,6 +125,11 @@ class SpecConfig:
         return self
 
 
+def gives_survival(drafter) -> bool:
+    """Whether the drafter fills DraftBatch.survival (a confidence head: HeadKind.confidence)."""
+    return bool(getattr(drafter, "gives_survival", False))
+
+
 def check_survival(draft: str, tree: str | None) -> None:
     """`adaptive:K,survival=confidence` asks for a confidence head: refused (exit 2) for a draft without one,
     naming the kinds that have one."""
@@ -156,7 +161,12 @@ class Speculator:
     costs: VerifyCosts | None = None  # auto:K: the target's verify-cost curve, measured at build
     draft_quantization: str | None = None  # what the drafter's linears hold: int8, int4-g64, fp8; None: none
     policies: dict[int, LoadAwareDepth] = field(default_factory=dict)  # batch size -> its policy
-    adaptive: bool = False  # adaptive:K (confidence-driven verification) rather than auto:K
+    # adaptive:K (confidence-driven verification) rather than auto:K, with the drafter's own per-row survival
+    # estimates (a confidence head). Without them every row's estimates are the same observed rates, known
+    # before drafting: the depth is then chosen before drafting (LoadAwareDepth, which counts the draft's
+    # cost too), so no token is drafted that is not verified (BENCHMARKS.md: cutting after drafting K cost
+    # 0.83x / 0.76x plain at batch 4 / 16)
+    adaptive: bool = False
     survival: str = "auto"  # adaptive:K,survival=SOURCE (runtime/verify/adaptive.py)
 
     def policy(self, batch: int) -> LoadAwareDepth | AdaptiveVerify | None:
@@ -167,7 +177,7 @@ class Speculator:
         if self.max_depth is None:
             return None
         if batch not in self.policies:
-            if self.adaptive:
+            if self.adaptive and self.survival != "observed" and gives_survival(self.drafter):
                 self.policies[batch] = AdaptiveVerify(self.costs, self.max_depth, self.survival)
             else:
                 self.policies[batch] = LoadAwareDepth(

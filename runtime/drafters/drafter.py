@@ -39,6 +39,9 @@ class Drafter:
     name = "drafter"
     capture_layers: tuple[int, ...] = ()  # target layers whose hidden states the drafter reads
     step_cost = 0.0  # one drafted level's cost relative to a 1-token target forward
+    gives_survival = (
+        False  # proposals carry DraftBatch.survival (a confidence head): adaptive:K's per-row cut
+    )
     tree: TreeSpec  # the drafter's own budget (each cycle's is passed to `propose`)
 
     def __init__(self) -> None:

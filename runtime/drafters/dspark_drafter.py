@@ -113,6 +113,8 @@ class DSparkSteps:
 class DSparkDrafter(ModelDrafter):
     """The grower over DSparkSteps, its proposals carrying the confidence head's survival."""
 
+    gives_survival = True
+
     @torch.inference_mode()
     def propose(self, contexts: list[list[int]], tree: TreeSpec) -> DraftBatch:
         batch = super().propose(contexts, tree)

@@ -9,7 +9,10 @@ accepted | node i-1 was): the drafter's own (`DraftBatch.survival`, DSpark's con
 conditional acceptance observed so far at each position (kept as load-aware speculation keeps it).
 `adaptive:K,survival=SOURCE` picks one: `auto` (the default: the drafter's where it gives one),
 `confidence` (a confidence head's; a draft without one is refused before anything loads, runtime/
-speculator.py) or `observed` (the observed acceptance even where the drafter gives estimates). The budget
+speculator.py) or `observed` (the observed acceptance even where the drafter gives estimates). Observed rates
+are every row's and known before drafting, so runtime/speculator.py then picks load-aware speculation's
+policy (the depth chosen before drafting, nothing drafted in vain); this policy serves a drafter's own
+estimates, which exist only once it has drafted. The budget
 cuts a chain: a tree shape (`static:`, `dynamic:`, a kind's own) has no per-row prefix to keep, so
 `adaptive:` takes K and this option only. With
 g_i = s_1 ... s_i, a prefix of k nodes yields E_k = 1 + g_1 + ... + g_k tokens (the target's own token

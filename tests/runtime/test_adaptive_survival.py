@@ -89,3 +89,19 @@ def test_bench_refuses_survival_confidence_without_a_confidence_head(tiny_dir, t
     ]
     assert main(argv) == 2
     assert "dspark:DIR" in capsys.readouterr().err
+
+
+def test_the_policy_follows_where_survival_comes_from(tiny_target, dspark_folder):
+    """A confidence head's per-row estimates exist only after drafting: the cut comes after it. Observed
+    rates are known before drafting: the depth is chosen then (load-aware), drafting nothing unverified."""
+    from draftsmith.runtime.speculator import SpecConfig, build_speculator
+    from draftsmith.runtime.verify.load_aware import LoadAwareDepth
+
+    cases = [
+        (f"dspark:{dspark_folder}", "auto", AdaptiveVerify),
+        (f"dspark:{dspark_folder}", "observed", LoadAwareDepth),
+    ]
+    cases += [("ngram", "auto", LoadAwareDepth)]
+    for draft, source, policy in cases:
+        cfg = SpecConfig(draft, f"adaptive:2,survival={source}", batch_sizes=[1]).validate()
+        assert isinstance(build_speculator(tiny_target, cfg).policy(1), policy), (draft, source)
