@@ -75,7 +75,7 @@ def _tensors(head: DFlashHead) -> dict[str, torch.Tensor]:
 def to_speculators(
     head: DFlashHead, verifier: str | None = None, architectures: list[str] | None = None
 ) -> tuple[dict, dict[str, torch.Tensor]]:
-    from draftsmith.runtime.heads.layouts import _architectures
+    from draftsmith.runtime.heads.layouts import _architectures, speculators_config
 
     cfg = head.config
     dtype = str(head.fc.weight.dtype).removeprefix("torch.")
@@ -92,22 +92,9 @@ def to_speculators(
         "mask_token_id": cfg.mask_token_id,
         "sliding_window_non_causal": True,  # vLLM: dflash_config.causal = not this (see the docstring)
         "sample_from_anchor": False,
-        "speculators_config": {
-            "algorithm": "dflash",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": cfg.drafts,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": verifier,
-                "architectures": architectures or _architectures(verifier, cfg.target_model_type),
-            },
-        },
+        "speculators_config": speculators_config(
+            "dflash", cfg.drafts, verifier, architectures or _architectures(verifier, cfg.target_model_type)
+        ),
         "torch_dtype": dtype,
         "draftsmith": _provenance(cfg),
     }

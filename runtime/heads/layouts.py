@@ -181,22 +181,12 @@ def to_speculators(
         "embed_requires_grad": False,
         **_norm_flags(cfg),
         "transformer_layer_config": tl_config,
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": speculative_tokens,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": verifier,
-                "architectures": architectures or _architectures(verifier, cfg.target_model_type),
-            },
-        },
+        "speculators_config": speculators_config(
+            "eagle3",
+            speculative_tokens,
+            verifier,
+            architectures or _architectures(verifier, cfg.target_model_type),
+        ),
         "torch_dtype": str(head.fc.weight.dtype).removeprefix("torch."),
         "draftsmith": _provenance(cfg),
     }
@@ -208,6 +198,21 @@ def to_speculators(
             )
         tensors["embed_tokens.weight"] = embed_tokens.detach().to(head.fc.weight.dtype).contiguous()
     return config, tensors
+
+
+def speculators_config(
+    algorithm: str, speculative_tokens: int, verifier: str, architectures: list[str]
+) -> dict:
+    """The `speculators_config` block every speculators layout writes: a greedy proposal of
+    `speculative_tokens` and the verifier (its path or Hub id and architectures) the head drafts for."""
+    proposal = {"proposal_type": "greedy", "speculative_tokens": speculative_tokens}
+    proposal.update(verifier_accept_k=1, accept_tolerance=0.0)
+    return {
+        "algorithm": algorithm,
+        "default_proposal_method": "greedy",
+        "proposal_methods": [proposal],
+        "verifier": {"name_or_path": verifier, "architectures": architectures},
+    }
 
 
 def _architectures(verifier: str, model_type: str | None = None) -> list[str]:

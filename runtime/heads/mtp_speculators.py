@@ -92,7 +92,7 @@ def to_speculators(
     architectures: list[str] | None = None,  # the verifier's (default: read from a local verifier folder)
 ) -> tuple[dict, dict[str, torch.Tensor]]:
     """-> (config.json, tensors) of speculators' MTP layout; BadInputError where it cannot hold the head."""
-    from draftsmith.runtime.heads.layouts import _architectures
+    from draftsmith.runtime.heads.layouts import _architectures, speculators_config
 
     cfg = head.config
     check_carries(cfg)
@@ -104,22 +104,9 @@ def to_speculators(
         "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": layer_config(cfg, dtype),
         "num_nextn_predict_layers": 1,
-        "speculators_config": {
-            "algorithm": "mtp",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": speculative_tokens,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {
-                "name_or_path": verifier,
-                "architectures": architectures or _architectures(verifier, cfg.model_type),
-            },
-        },
+        "speculators_config": speculators_config(
+            "mtp", speculative_tokens, verifier, architectures or _architectures(verifier, cfg.model_type)
+        ),
         "torch_dtype": dtype,
         "draftsmith": asdict(cfg),
     }
