@@ -13,11 +13,11 @@ changed does not (negative control). Eager attention (its default flex attention
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
 from dflash_heads import random_head
+from load_reports import load_reports
 from tolerances import layer_accumulations, rounding_atol
 
 from draftsmith.runtime.heads.dflash import block_mask
@@ -49,19 +49,12 @@ def load_theirs(folder):
     """-> (their model, transformers' LOAD REPORT messages)."""
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
 
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("transformers.modeling_utils")
-    logger.addHandler(handler)
-    try:
-        config = DFlashSpeculatorConfig.from_pretrained(str(folder))
-        config.transformer_layer_config._attn_implementation = "eager"
+    config = DFlashSpeculatorConfig.from_pretrained(str(folder))
+    config.transformer_layer_config._attn_implementation = "eager"
+    with load_reports() as reports:
         model = DFlashDraftModel.from_pretrained(str(folder), config=config).eval()
-    finally:
-        logger.removeHandler(handler)
     model._load_verifier_weights(overwrite_embed_tokens=True)  # see test_speculators_interop.py
-    return model, [m for m in messages if "LOAD REPORT" in m]
+    return model, reports
 
 
 def inputs(context=9, seed=1):

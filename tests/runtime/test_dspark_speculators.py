@@ -15,12 +15,12 @@ Markov-biased draft logits and our confidence logits, while a head whose markov_
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
 from dspark_heads import random_head
 from engine_checks import assert_identical
+from load_reports import load_reports
 from tiny_models import random_prompts
 
 from draftsmith.runtime.cli.main import main
@@ -56,18 +56,11 @@ def load_theirs(folder):
     """-> (their model, transformers' LOAD REPORT messages)."""
     from speculators.models.dspark import DSparkDraftModel, DSparkSpeculatorConfig
 
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("transformers.modeling_utils")
-    logger.addHandler(handler)
-    try:
-        config = DSparkSpeculatorConfig.from_pretrained(str(folder))
-        config.transformer_layer_config._attn_implementation = "eager"
+    config = DSparkSpeculatorConfig.from_pretrained(str(folder))
+    config.transformer_layer_config._attn_implementation = "eager"
+    with load_reports() as reports:
         model = DSparkDraftModel.from_pretrained(str(folder), config=config).eval()
-    finally:
-        logger.removeHandler(handler)
-    return model, [m for m in messages if "LOAD REPORT" in m]
+    return model, reports
 
 
 def test_export_reads_back_equal_and_decodes(tiny_target, tiny_dir, tmp_path):

@@ -16,10 +16,10 @@ differ). A head the layout cannot hold (two modules, a Llama block) is refused w
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
+from load_reports import load_reports
 from safetensors.torch import load_file, save_file
 from tiny_models import make_tiny_dir, random_prompts, tiny_model, tiny_tokenizer
 
@@ -76,16 +76,9 @@ def load_theirs(folder):
     """-> (speculators' MTPDraftModel, transformers' LOAD REPORT messages)."""
     from speculators.models.mtp import MTPDraftModel
 
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("transformers.modeling_utils")
-    logger.addHandler(handler)
-    try:
+    with load_reports() as reports:
         model = MTPDraftModel.from_pretrained(str(folder)).eval()
-    finally:
-        logger.removeHandler(handler)
-    return model, [m for m in messages if "LOAD REPORT" in m]
+    return model, reports
 
 
 def mismatches(model, written: dict[str, torch.Tensor]) -> list[str]:

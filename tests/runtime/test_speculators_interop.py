@@ -14,11 +14,10 @@ embedding uninitialised on transformers 5.24 (see `load_speculators`), so the te
 from __future__ import annotations
 
 import json
-import logging
-from contextlib import contextmanager
 
 import pytest
 import torch
+from load_reports import load_reports
 from safetensors.torch import save_file
 from tiny_models import make_tiny_dir
 from tolerances import layer_accumulations, rounding_atol
@@ -68,20 +67,6 @@ def export(head, verifier, folder, **config_overrides):
     return folder
 
 
-@contextmanager
-def load_reports():
-    """Collects transformers' LOAD REPORT warnings (missing / unexpected / mismatched keys)."""
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("transformers.modeling_utils")
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
-
-
 def load_speculators(folder):
     """speculators' generic loader -> (its model, the load reports). Eager attention for CPU.
 
@@ -97,7 +82,7 @@ def load_speculators(folder):
     with load_reports() as reports:
         model = speculators.SpeculatorModel.from_pretrained(str(folder), config=config).eval()
     model._load_verifier_weights(overwrite_embed_tokens=True)
-    return model, [m for m in reports if "LOAD REPORT" in m]
+    return model, reports
 
 
 def inputs(length=7, seed=1):
