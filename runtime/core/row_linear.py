@@ -40,6 +40,8 @@ from draftsmith.runtime.errors import BadInputError
 log = logging.getLogger("draftsmith")
 MODES = ("auto", "torch")
 MAX_ROWS = 16  # beyond this many rows a GEMM is efficient either way
+WIN = 0.9  # W @ x^T is planned where it takes at most 0.9x F.linear's time: a near tie is timing noise
+# (an Intel Xeon plan chose W @ x^T for 3 rows on a 1.00x tie and its verifications then ran 2x slower)
 CACHE_DIR = Path("~/.cache/draftsmith/machine").expanduser()
 
 
@@ -112,7 +114,7 @@ def forward_costs(target, plan: frozenset[int], max_rows: int, repeats: int) -> 
 
 def measure_rows_plan(target, max_rows: int = MAX_ROWS, rounds: int = 2, repeats: int = 2) -> dict:
     """Time the target's forward over 1..max_rows rows with F.linear and with `W @ x^T`, alternating the
-    two `rounds` times; the plan holds the row counts where `W @ x^T` had the lower median."""
+    two `rounds` times; the plan holds the row counts where `W @ x^T`'s median was below WIN x F.linear's."""
     every = frozenset(range(1, max_rows + 1))
     torch_s, rows_s = [[] for _ in range(max_rows)], [[] for _ in range(max_rows)]
     for _ in range(rounds):
@@ -121,14 +123,24 @@ def measure_rows_plan(target, max_rows: int = MAX_ROWS, rounds: int = 2, repeats
                 times[n].append(seconds)
     torch_ms = [round(1000 * statistics.median(t), 2) for t in torch_s]
     rows_ms = [round(1000 * statistics.median(t), 2) for t in rows_s]
-    plan = sorted(n + 1 for n in range(max_rows) if rows_ms[n] < torch_ms[n])
+    plan = sorted(n + 1 for n in range(max_rows) if rows_ms[n] < WIN * torch_ms[n])
     return {"plan": plan, "f_linear_ms": torch_ms, "w_xt_ms": rows_ms}
 
 
+def cpu_model() -> str:
+    """/proc/cpuinfo's model name ('AMD EPYC ...', 'Intel(R) Xeon(R) ...'): on Linux platform.processor()
+    says only x86_64, and VMs on different CPUs can share a host name and a home folder."""
+    info = Path("/proc/cpuinfo")
+    text = info.read_text(errors="replace") if info.is_file() else ""
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def plan_key(target) -> str:
-    """The machine, thread count, torch build and the target's weight shapes: what the timing depends on."""
+    """The machine and its CPU model, thread count, torch build and the target's weight shapes: what the
+    timing depends on."""
     shapes = sorted({tuple(m.weight.shape) for m in target.model.modules() if isinstance(m, nn.Linear)})
-    digest = hashlib.sha256(f"{shapes} {torch.__version__}".encode()).hexdigest()[:12]
+    digest = hashlib.sha256(f"{shapes} {torch.__version__} {cpu_model()} win={WIN}".encode()).hexdigest()[:12]
     cpu = (platform.processor() or platform.machine()).replace(" ", "-")
     return f"rows-plan-{platform.node()}-{cpu}-t{torch.get_num_threads()}-{digest}"
 
