@@ -1,7 +1,9 @@
-"""Fixtures of the training tests: a conversation file in the tiny vocabulary and a data folder per module."""
+"""Fixtures of the training tests: a conversation file in the tiny vocabulary and a data folder per module;
+the data steps they run stay on draftsmith's engine (tests/vllm_free.py)."""
 
 import pytest
 from train_data import write_conversations
+from vllm_free import no_vllm_by_default  # noqa: F401 (a fixture: importing it registers it here)
 
 
 @pytest.fixture(scope="module")
