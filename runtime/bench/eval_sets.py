@@ -104,7 +104,8 @@ def humaneval_row(row: dict, where: str) -> BenchPrompt:
 
 
 def mbpp_row(row: dict, where: str) -> BenchPrompt:
-    text = field_of(row, "text", where)
+    """The `full` config's task is `text`; the `sanitized` config's (hand-checked rows) is `prompt`."""
+    text = field_of(row, "prompt" if isinstance(row, dict) and "text" not in row else "text", where)
     tests = field_of(row, "test_list", where, list)
     prompt = MBPP_INSTRUCTION.format(text=text, tests="\n".join(map(str, tests)))
     return BenchPrompt((prompt,), "coding", str(row.get("task_id", "")))
