@@ -178,7 +178,9 @@ class Speculator:
             return None
         if batch not in self.policies:
             if self.adaptive and self.survival != "observed" and gives_survival(self.drafter):
-                self.policies[batch] = AdaptiveVerify(self.costs, self.max_depth, self.survival)
+                self.policies[batch] = AdaptiveVerify(
+                    self.costs, self.max_depth, self.survival, step_cost=self.drafter.step_cost
+                )
             else:
                 self.policies[batch] = LoadAwareDepth(
                     self.costs, self.max_depth, step_cost=self.drafter.step_cost

@@ -49,8 +49,8 @@ TREE_HELP = (
     "chain:K, static:NAME (binary-3, wide-4, deep-6) or static:JSON (paths of child ranks or parent ids), "
     "dynamic:depth=D,topk=K,tokens=N (EAGLE-2 style, grown each cycle), auto:K (load-aware: a chain of "
     "depth 0..K per cycle from the measured verify cost and the observed acceptance; 0 = a plain step), "
-    "adaptive:K (a chain of K of which each row verifies the prefix that pays best per measured verify cost, "
-    "from the drafter's confidence or the observed acceptance)"
+    "adaptive:K (auto:K's depth, then each row verifies the prefix of it that pays best per measured verify "
+    "cost, from the drafter's confidence or the observed acceptance)"
 )
 
 

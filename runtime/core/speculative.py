@@ -159,6 +159,7 @@ def speculate_batch(
     slots = cache.capacity + 2 * (drafter.tree.size + 1) if static else None
     drafter.start(prompts, params, draft_generators, features, static_slots=slots)
     active = list(range(len(prompts)))  # batch row -> result index
+    backlog = True  # the drafter has tokens to catch up over at its next proposal (the prompt, plain steps)
     while running := rows.running(active):
         if len(running) < len(active) and not static:  # finished rows leave the batch
             cache.retain(torch.tensor(running, device=target.device))
@@ -184,7 +185,9 @@ def speculate_batch(
         lap = clock.lap()
         times = (lap["draft"] + lap["rollback"], lap["verify"])
         if policy is not None:
-            policy.observe(len(running), depth, [len(accepted[i]) for i in running], lap["draft"], running)
+            accepted_lengths = [len(accepted[i]) for i in running]
+            policy.observe(len(running), depth, accepted_lengths, lap["draft"], running, catch_up=backlog)
+        backlog = depth == 0
         for i, r in enumerate(active):
             if not rows.results[r].finish_reason:
                 record_cycle(
@@ -281,8 +284,16 @@ def tree_logits(
         cache.advance(ids.shape[1])
         return logits, torch.cat(aux, dim=-1) if capture_layers else None
     tree_mask = None if ids.shape[1] == 1 else mask
+    # every row a full tree (host knowledge): no padding node, so the cache gets no hole and a plain step
+    # (N = 1) keeps SDPA's own causal kernel, as plain decoding does (a mask costs ~7% of a batch-1 step)
+    dense = all(n == ids.shape[1] for n in batch.sizes)
     out = target.forward(
-        ids, cache, positions, token_valid=valid, tree_mask=tree_mask, capture_layers=capture_layers
+        ids,
+        cache,
+        positions,
+        token_valid=None if dense else valid,
+        tree_mask=tree_mask,
+        capture_layers=capture_layers,
     )
     fused = torch.cat([out.aux[i] for i in capture_layers], dim=-1) if capture_layers else None
     return target.logits(out.hidden), fused

@@ -217,14 +217,36 @@ class LoadAwareDepth:
         """The drafts as they are: the depth was chosen before drafting (adaptive verification cuts here)."""
         return drafts
 
-    def observe(self, batch: int, depth: int, accepted_lengths: list[int], draft_s: float, rows=None) -> None:
+    @property
+    def probing(self) -> bool:
+        """Whether the depth last chosen is a probe (depth 1 where plain decoding was the best guess)."""
+        return self._probing
+
+    def observe(
+        self,
+        batch: int,
+        depth: int,
+        accepted_lengths: list[int],
+        draft_s: float,
+        rows=None,
+        kept=None,
+        catch_up: bool = False,
+    ) -> None:
         """After a cycle at `depth`: each running row's accepted length and the drafter's wall time (`rows`,
-        the running rows' places in the batch, matter to adaptive verification only)."""
+        the running rows' places in the batch, matter to adaptive verification only; `kept`, the nodes
+        each running row verified where adaptive verification cut the chain: default all `depth`).
+        `catch_up`: the drafter first caught up over tokens it had not seen (the prompt, or the plain
+        steps before), so its time is not a drafted level's: a probe after 200 plain steps timed as the
+        cost of one level would keep the policy from ever drafting again."""
         if depth == 0:
             return
-        step = draft_s / depth
-        self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
-        for j in range(depth):  # conditional counts: position j+1 was tried iff positions <= j accepted
-            self.tally.add(j, [n for n in accepted_lengths if n >= j])
+        if not catch_up:
+            step = draft_s / depth
+            self.draft_step_s = step if self.draft_step_s is None else 0.8 * self.draft_step_s + 0.2 * step
+        kept = [depth] * len(accepted_lengths) if kept is None else kept
+        for j in range(
+            depth
+        ):  # conditional counts: position j+1 was tried iff kept and positions <= j accepted
+            self.tally.add(j, [n for n, k in zip(accepted_lengths, kept, strict=True) if k > j and n >= j])
         if self._probing and self.best_depth(batch) == 0:  # plain decoding confirmed: probe less often
             self._interval = min(2 * self._interval, self.max_probe_every)

@@ -18,6 +18,7 @@ from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.lm_drafter import lm_drafter
 from draftsmith.runtime.errors import BadInputError
 from draftsmith.runtime.verify.adaptive import AdaptiveVerify, prefix_lengths
+from draftsmith.runtime.verify.draft_batch import DraftBatch
 from draftsmith.runtime.verify.load_aware import LoadAwareDepth, VerifyCosts, parse_auto
 from draftsmith.runtime.verify.sampling import SamplingParams
 from draftsmith.runtime.verify.tree import chain
@@ -59,6 +60,18 @@ class WithSurvival:
         return replace(batch, survival=self.estimate(batch))
 
 
+class DraftK(LoadAwareDepth):
+    """Load-aware bookkeeping, but every cycle drafts the whole chain of K: the tests of the per-row cut
+    (tests/runtime/test_load_aware.py proves the depth chosen before drafting)."""
+
+    def choose(self, batch: int) -> int:
+        return self.max_depth
+
+
+def cut_only(costs: VerifyCosts) -> AdaptiveVerify:
+    return AdaptiveVerify(costs, K, depth_rule=DraftK(costs, K))
+
+
 def law_confidence(batch):
     """Node n's law's largest probability: a function of its law (its ancestors), not of its token."""
     return (
@@ -91,8 +104,17 @@ def test_the_stopping_rule_keeps_the_nodes_that_pay_until_the_first_that_does_no
     assert prefix_lengths(torch.zeros(1, K), flat).tolist() == [0]  # nothing expected: a plain step
 
 
+def test_the_depth_drafted_is_chosen_before_drafting_and_can_be_none():
+    """A plain step where no depth pays on average (the drafter is not called); the whole chain where every
+    node is nearly free (the draft's prior cost 0, a flat verify curve)."""
+    steep = AdaptiveVerify(VerifyCosts({1: [1.0, 3.0, 5.0, 7.0]}), K, step_cost=0.5)
+    assert steep.choose(1) == 0
+    assert steep.budget(DraftBatch.roots([5], "cpu"), 1).max_depth == 0 and steep.kept == [0]
+    assert AdaptiveVerify(VerifyCosts({1: [1.0, 1.0, 1.0, 1.0]}), K).choose(1) == K
+
+
 @pytest.mark.parametrize("batch_size", [1, 4])
-@pytest.mark.parametrize("source", ["observed", "seeded per row"])
+@pytest.mark.parametrize("source", ["observed", "seeded per row", "seeded, depth chosen first"])
 def test_greedy_output_is_plain_decoding(target, batch_size, source):
     prompts = make_prompts(6, seed=3)
     plain = generate_plain(target, prompts, SamplingParams(), 20, batch_size=batch_size)
@@ -100,7 +122,8 @@ def test_greedy_output_is_plain_decoding(target, batch_size, source):
     if source != "observed":
         drafter = WithSurvival(drafter, seeded_confidence)
     costs = VerifyCosts({1: [1.0, 1.1, 1.2, 1.3], 4: [1.0, 1.2, 1.4, 1.6]})
-    policy = AdaptiveVerify(costs, K)
+    # the full policy: load-aware depth (0..K, draft priced at 0.02 of a step) before the per-row cut
+    policy = AdaptiveVerify(costs, K, step_cost=0.02) if source.endswith("first") else cut_only(costs)
     results = generate_speculative(
         target, drafter, prompts, SamplingParams(), 20, batch_size=batch_size, policy=policy
     )
@@ -111,7 +134,7 @@ def test_greedy_output_is_plain_decoding(target, batch_size, source):
 
 
 def sample(target, drafter) -> Counter:
-    policy = AdaptiveVerify(RISING, K)
+    policy = cut_only(RISING)
     prompts = [LAW_PROMPT] * N
     results = generate_speculative(
         target, drafter, prompts, LAW_PARAMS, 3, seed=0, batch_size=N, policy=policy

@@ -60,6 +60,18 @@ def feed(policy, batch, depth, accepted, draft_s=0.0):
     policy.observe(batch, depth, accepted, draft_s)
 
 
+def test_a_draft_that_first_caught_up_is_not_timed_as_drafted_levels():
+    """A probe after many plain steps drafts behind a catch-up over them: timing it as two levels would make
+    drafting look 50x dearer than it is and keep the policy plain for good."""
+    policy = LoadAwareDepth(FLAT, max_depth=4)
+    feed(policy, 1, 2, [1], draft_s=0.02)
+    assert policy.draft_step_s == pytest.approx(0.01)
+    policy.observe(1, 2, [1], 1.0, catch_up=True)  # 1 s: mostly the catch-up
+    assert policy.draft_step_s == pytest.approx(0.01)
+    feed(policy, 1, 2, [1], draft_s=0.04)  # a clean cycle moves the average
+    assert policy.draft_step_s == pytest.approx(0.8 * 0.01 + 0.2 * 0.02)
+
+
 def test_depth_follows_acceptance_and_cost():
     policy = LoadAwareDepth(FLAT, max_depth=4)
     assert policy.choose(1) == 4  # priors: half the tokens accepted, free verification and drafting
@@ -139,7 +151,7 @@ class ScriptedDepth(LoadAwareDepth):
         self.cycle += 1
         return depth
 
-    def observe(self, batch, depth, accepted, draft_s, rows=None):
+    def observe(self, batch, depth, accepted, draft_s, rows=None, catch_up=False):
         self.seen.append((depth, list(accepted)))
         assert all(n <= depth for n in accepted)
 
