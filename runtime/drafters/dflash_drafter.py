@@ -46,11 +46,12 @@ DEFAULT_DEPTH = 2  # head_kind.DEFAULT_DEPTH: chain:2 suits CPUs (pass --tree ch
 @dataclass
 class ContextCache:
     """The draft layers' context K/V, the tokens cached per row (= the root's position) and the
-    committed tokens' features not projected yet (per row [n, A*H])."""
+    committed tokens' features not projected yet (per row, chunks of [n, A*H]: plain steps append one
+    each, joined once at the next proposal rather than copied whole every step)."""
 
     cache: KVCache
     cached: list[int]
-    pending: list[torch.Tensor]
+    pending: list[list[torch.Tensor]]
 
 
 class DFlashSteps:
@@ -70,20 +71,19 @@ class DFlashSteps:
         cache = KVCache(
             layers, len(prompts), attn.kv_heads, attn.head_dim, capacity, weight.dtype, weight.device
         )
-        self.state = ContextCache(cache, [0] * len(prompts), list(features))
+        self.state = ContextCache(cache, [0] * len(prompts), [[f] for f in features])
 
     def _append_context(self) -> None:
         """Project the pending features to context K/V and append them (rows padded to the longest)."""
         state, head = self.state, self.head
-        counts = [f.shape[0] for f in state.pending]
+        rows = [torch.cat(chunks) if len(chunks) > 1 else chunks[0] for chunks in state.pending]  # [n, A*H]
+        counts = [f.shape[0] for f in rows]
         if max(counts) == 0:
             return
         _, positions, valid = pending_inputs([[0] * n for n in counts], state.cached, self.device)
         valid = torch.ones(positions.shape, dtype=torch.bool, device=self.device) if valid is None else valid
-        feats = torch.zeros(
-            *valid.shape, state.pending[0].shape[-1], dtype=head.fc.weight.dtype, device=self.device
-        )
-        for b, (f, n) in enumerate(zip(state.pending, counts, strict=True)):
+        feats = torch.zeros(*valid.shape, rows[0].shape[-1], dtype=head.fc.weight.dtype, device=self.device)
+        for b, (f, n) in enumerate(zip(rows, counts, strict=True)):
             feats[b, :n] = f.to(self.device, feats.dtype)
         keys, values = head.context_kv(head.fuse(feats), positions)
         state.cache.reserve(valid.shape[1], valid)
@@ -91,7 +91,7 @@ class DFlashSteps:
             state.cache.update(k, v, i)
         state.cache.commit()
         state.cached = [seen + n for seen, n in zip(state.cached, counts, strict=True)]
-        state.pending = [f[:0] for f in state.pending]
+        state.pending = [[f[:0]] for f in rows]
 
     def pending(self, contexts: list[list[int]], tree: TreeSpec) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward of [root, mask x (S-1)] over the cached context -> depth 1's logits [B, V]; the
@@ -124,12 +124,11 @@ class DFlashSteps:
 
     def commit(self, accepted, features=None, fetched=None) -> None:
         """features[b] [1 + accepted, A*H]: the root and the accepted nodes join the context."""
-        self.state.pending = list(features)
+        self.state.pending = [[f] for f in features]
 
     def skip(self, features=None) -> None:
-        self.state.pending = [
-            torch.cat([old, new]) for old, new in zip(self.state.pending, features, strict=True)
-        ]
+        # new outer and inner lists: a fork (SSD) may hold the old ones
+        self.state.pending = [[*old, new] for old, new in zip(self.state.pending, features, strict=True)]
 
     def retain(self, rows: list[int]) -> None:
         state = self.state
