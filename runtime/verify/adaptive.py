@@ -96,14 +96,14 @@ class AdaptiveVerify:
     def budget(self, drafts: DraftBatch, batch: int) -> DraftBatch:
         """The drafted chains cut to the prefixes the stopping rule keeps (the cycle's extra transfer); a
         probe cycle keeps its node, so the acceptance it measures is every row's."""
-        depth = drafts.max_depth
-        if depth == 0 or self.depth_rule.probing:
+        whole = drafts.max_depth == 0 or self.depth_rule.probing
+        if whole:
             self.kept = [n - 1 for n in drafts.sizes]
         else:
             self.kept = [min(k, n - 1) for k, n in zip(self.cut(drafts, batch).tolist(), drafts.sizes)]
         for k in self.kept:
             self.depth_counts[k] += 1
-        return drafts if depth == 0 or self.depth_rule.probing else drafts.prefixes(self.kept)
+        return drafts if whole else drafts.prefixes(self.kept)
 
     def cut(self, drafts: DraftBatch, batch: int) -> torch.Tensor:
         """The nodes each row keeps [B] by the stopping rule, from its survival estimates [B, K]."""
