@@ -18,8 +18,9 @@ One cycle (docs/architecture.md, section 6), for all running rows of a batch at 
               recompute), the drafter rolls back to the same path, tokens are emitted one by one and a
               row stops at EOS or at its token budget exactly where plain decoding would.
 Rows accept different lengths in the same cycle; shorter rows leave holes in the cache that the valid
-mask hides, and finished rows leave the batch. Prefill and the first token are plain decoding's own
-code, so with an empty draft every cycle reduces to a plain decoding step.
+mask hides; finished rows ride along as plain steps (the drafter told they ended) until half the batch
+has finished, then leave it. Prefill and the first token are plain decoding's own code, so with an empty
+draft every cycle reduces to a plain decoding step.
 """
 
 from __future__ import annotations
@@ -160,8 +161,12 @@ def speculate_batch(
     drafter.start(prompts, params, draft_generators, features, static_slots=slots)
     active = list(range(len(prompts)))  # batch row -> result index
     backlog = True  # the drafter has tokens to catch up over at its next proposal (the prompt, plain steps)
+    told: set[int] = set()  # results whose row the drafter knows ended
     while running := rows.running(active):
-        if len(running) < len(active) and not static:  # finished rows leave the batch
+        if ended := [i for i, r in enumerate(active) if rows.results[r].finish_reason and r not in told]:
+            drafter.ended(ended)
+            told.update(active[i] for i in ended)
+        if compacts(len(running), len(active), static):  # finished rows leave the batch
             cache.retain(torch.tensor(running, device=target.device))
             drafter.retain(running)
             generators = None if generators is None else [generators[i] for i in running]
@@ -197,6 +202,14 @@ def speculate_batch(
     for res in rows.results:
         res.wall_s = time.perf_counter() - start_time
     return rows.results
+
+
+def compacts(running: int, rows: int, static: bool) -> bool:
+    """Whether finished rows leave the batch now: once half of it has finished (never on the static
+    path). Until then they ride along as plain steps, drafting nothing: dropping a row copies the whole
+    cache, and a GEMM over an odd row count can cost more than the even one above it (on a 2-core Xeon the
+    135M target's LM head took 10.2 ms over 15 rows and 6.9 ms over 16; BENCHMARKS "adaptive:K")."""
+    return not static and running <= rows // 2
 
 
 def propose(drafter, contexts: list[list[int]], depth: int | None, device) -> DraftBatch:

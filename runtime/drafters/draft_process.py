@@ -169,6 +169,7 @@ class RemoteDrafter(Drafter):
         if self._batch_started:
             self._metrics.append(self._close_batch())
         self._batch_started, self.idle_s, self.accepted, self.rows = True, 0.0, None, None
+        self.ended_rows: list[int] = []
         if self.local is not None:
             return self.local.start(prompts, params, generators, features)
         states = None if generators is None else [g.get_state() for g in generators]
@@ -187,12 +188,13 @@ class RemoteDrafter(Drafter):
     def propose(self, contexts: list[list[int]], tree=None) -> DraftBatch:
         """The remote drafter's chain of `depth` (its own budget), or the in-process fallback's."""
         if self.local is None:
-            msg = {"op": "cycle", "accepted": self.accepted, "rows": self.rows, "contexts": contexts}
+            msg = {"op": "cycle", "accepted": self.accepted, "ended": self.ended_rows, "rows": self.rows}
+            msg["contexts"] = contexts
             start = time.perf_counter()
             reply = self._guard(lambda: self._exchange(msg))
             self.idle_s += time.perf_counter() - start
             if reply is not None:
-                self.accepted, self.rows = None, None
+                self.accepted, self.ended_rows, self.rows = None, [], None
                 self.forwards = reply["forwards"]
                 return DraftBatch.from_drafts([unpack(d) for d in reply["drafts"]], "cpu")
             self.local.start(contexts, self.params, self._fresh_generators())  # it prefills the contexts
@@ -202,6 +204,11 @@ class RemoteDrafter(Drafter):
         if self.local is not None:
             return self.local.commit(accepted, features, fetched)
         self.accepted = accepted
+
+    def ended(self, rows: list[int]) -> None:
+        if self.local is not None:
+            return self.local.ended(rows)
+        self.ended_rows = self.ended_rows + rows  # sent with the next cycle, before any retain
 
     def retain(self, rows: list[int]) -> None:
         super().retain(rows)
@@ -328,6 +335,8 @@ def serve(cfg: dict) -> None:
                 continue
             if msg["accepted"] is not None:
                 drafter.commit(msg["accepted"], None, fetched)
+            if msg["ended"]:
+                drafter.ended(msg["ended"])
             if msg["rows"] is not None:
                 drafter.retain(msg["rows"])
                 fetched = None if fetched is None else [fetched[r] for r in msg["rows"]]

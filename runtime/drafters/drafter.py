@@ -9,7 +9,8 @@ on the device (runtime/verify/draft_batch.py):
                                                  # tree = this cycle's budget (the drafter's own `tree`,
                                                  # or the load-aware policy's chain)
     drafter.commit(accepted, features, fetched)  # accepted[i] = node ids the target accepted in row i
-    drafter.retain(rows)                         # rows still running, after some finished
+    drafter.ended(rows)                          # rows that just finished (they may stay in the batch)
+    drafter.retain(rows)                         # the rows kept, after some finished
 
 `commit` rolls the drafter back to the accepted path (its caches keep exactly the committed tokens
 they have already computed); the tokens it has not seen yet, including the recovered or bonus token,
@@ -71,6 +72,11 @@ class Drafter:
         """A cycle ran without a draft (a load-aware plain step): its committed token (and the target's
         features there) reach the drafter at the next `propose`. Drafters that read only `contexts` need
         nothing; feature heads keep the features."""
+
+    def ended(self, rows: list[int]) -> None:
+        """Rows that just finished (EOS or budget). They may stay in the batch until it compacts (fixed
+        shapes), drafting nothing, their contexts running past their end: drafters that learn from
+        responses (suffix's global trie) stop reading them here. Told once per row."""
 
     def retain(self, rows: list[int]) -> None:
         if self.generators is not None:

@@ -190,6 +190,10 @@ class SsdDrafter(Drafter):
             self.trace.append(row.record)
             self.estimate.observe(len(acc), self.depth)
 
+    def ended(self, rows: list[int]) -> None:
+        for r in rows:  # each row's drafter holds one row
+            self.rows[r].inner.ended([0])
+
     def retain(self, rows: list[int]) -> None:
         super().retain(rows)
         gone = [r for r in range(len(self.rows)) if r not in rows]

@@ -93,6 +93,7 @@ class SuffixDrafter(Drafter):
         self.tries: list[SuffixTrie] = []
         self.prompts: list[list[int]] = []
         self.seen: list[list[int]] = []  # per row the context of the last proposal (the response to cache)
+        self.done: list[bool] = []  # per row: ended, its response cached (later contexts run past its end)
 
     def limits(self, tree: TreeSpec) -> SpecLimits:
         o = self.options  # the budget (the load-aware policy's chain, say) may change between cycles
@@ -104,9 +105,10 @@ class SuffixDrafter(Drafter):
 
     def start(self, prompts, params, generators, features=None, static_slots=None) -> None:
         super().start(prompts, params, generators, features)
-        self._finish(range(len(self.tries)))  # the previous batch's rows that ended together
+        self._finish(range(len(self.tries)))  # the previous batch's rows not yet cached
         self.prompts = [list(p) for p in prompts]
         self.seen = [list(p) for p in prompts]
+        self.done = [False] * len(prompts)
         for prompt in self.prompts:
             self.cache.evict(tuple(prompt))
         self.tries = []
@@ -117,8 +119,13 @@ class SuffixDrafter(Drafter):
 
     def propose(self, contexts: list[list[int]], tree: TreeSpec) -> DraftBatch:
         limits = self.limits(tree)
-        self.seen = contexts
-        drafts = [self._draft(trie, ctx, limits) for trie, ctx in zip(self.tries, contexts, strict=True)]
+        self.seen = [
+            seen if done else ctx for seen, ctx, done in zip(self.seen, contexts, self.done, strict=True)
+        ]
+        drafts = [
+            root_only(ctx[-1]) if done else self._draft(trie, ctx, limits)
+            for trie, ctx, done in zip(self.tries, contexts, self.done, strict=True)
+        ]
         return DraftBatch.from_drafts(drafts, self.device)
 
     def _draft(self, trie: SuffixTrie, ctx: list[int], limits: SpecLimits) -> Draft:
@@ -137,10 +144,18 @@ class SuffixDrafter(Drafter):
         self.tries = [self.tries[r] for r in rows]
         self.prompts = [self.prompts[r] for r in rows]
         self.seen = [self.seen[r] for r in rows]
+        self.done = [self.done[r] for r in rows]
+
+    def ended(self, rows: list[int]) -> None:
+        self._finish(rows)
 
     def _finish(self, rows) -> None:
-        """Finished rows' responses (what the row's trie has seen past the prompt) join the global trie."""
+        """Finished rows' responses (what the row's trie has seen past the prompt) join the global trie,
+        once per row."""
         for r in rows:
+            if self.done[r]:
+                continue
+            self.done[r] = True
             prompt, seen = self.prompts[r], self.seen[r]
             if len(seen) > len(prompt):
                 self.cache.add(tuple(prompt), seen[len(prompt) :])

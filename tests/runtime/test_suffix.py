@@ -14,7 +14,7 @@ from engine_checks import assert_identical, chi_square, exact_law, make_prompts
 from tiny_models import tiny_model, tiny_tokenizer
 
 from draftsmith.runtime.core.engine import generate_plain
-from draftsmith.runtime.core.speculative import generate_speculative
+from draftsmith.runtime.core.speculative import compacts, generate_speculative
 from draftsmith.runtime.core.target import Target
 from draftsmith.runtime.drafters.drafting import build_drafter
 from draftsmith.runtime.drafters.ngram import NgramDrafter
@@ -297,6 +297,30 @@ def test_global_trie_drafts_other_requests_answers(target):
     assert draft.tokens[1:] == truth[4:8]
     results = generate_speculative(target, drafter, [prompt], GREEDY, 16)
     assert results[0].token_ids == truth
+
+
+def test_an_ended_row_stops_feeding_the_global_trie():
+    """A row told it ended (it may ride along in the batch, its context running past its end) caches the
+    response it had, once, and drafts nothing after; a row still running is untouched."""
+    drafter = SuffixDrafter(chain(4), "suffix:min_prob=0")
+    prompts, answers = [[5, 6, 7], [8, 9]], [[1, 2, 3, 1, 2], [4, 4, 4, 4]]
+    drafter.start(prompts, GREEDY, None)
+    drafter.propose([p + a for p, a in zip(prompts, answers)], drafter.tree)
+    drafter.ended([0])
+    assert drafter.cache.entries == {(5, 6, 7): answers[0]}
+    past_end = prompts[0] + answers[0] + [1, 2, 3]  # tokens after its EOS: padding, never cached
+    drafts = drafter.propose([past_end, prompts[1] + answers[1] + [4]], drafter.tree).to_drafts()
+    assert drafts[0].tokens == [3] and len(drafts[1].tokens) > 1  # row 1 still drafts (4 repeats)
+    drafter.retain([1])  # row 0 leaves: not cached again
+    drafter.ended([0])
+    assert drafter.cache.entries == {(5, 6, 7): answers[0], (8, 9): answers[1] + [4]}
+
+
+@pytest.mark.parametrize("running, rows, static, leave", [(15, 16, False, False), (8, 16, False, True),
+                                                        (1, 2, False, True), (2, 3, False, False),
+                                                        (1, 16, True, False)])  # fmt: skip
+def test_finished_rows_leave_the_batch_once_half_of_it_finished(running, rows, static, leave):
+    assert compacts(running, rows, static) is leave
 
 
 def test_suffix_accepts_at_least_what_ngram_does_on_repetitive_prompts(target):
