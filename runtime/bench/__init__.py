@@ -12,7 +12,8 @@ runtime/workers/llamacpp_worker.py), `llamacpp_spec` (one run of llama.cpp's spe
 process handling both share), `ssd_replay` (the SSD replay simulator: recorded cycles + a hardware pair's
 costs -> predicted tokens/s); `reading` (the demo's closing reading of its own rows: tau, the verify-cost
 curve, why a drafter lost or won). `eval_run`
-(`draftsmith eval`: the untimed acceptance of drafts on one pinned harness), `eval_sets` (the papers' sets:
+(`draftsmith eval`: the untimed acceptance of drafts on one pinned harness), `eval_replay` (its T = 0
+path: every draft replayed against the target's greedy continuation), `eval_sets` (the papers' sets:
 SPEED-Bench, GSM8K, MT-Bench, MATH-500, HumanEval, MBPP, from the Hub or local files), `eval_record` (the
 acceptance record and the harness pins), `eval_report` (eval.json, report.md, plots, the leaderboard),
 `eval_context` (acceptance against context length: long documents cut to each length), `eval_context_report`

@@ -4,14 +4,17 @@
     result = run_eval(EvalRequest(drafts=["eagle3:heads/eagle3-smollm2-135m", "ngram"], sets=["humaneval"]))
     result["leaderboard"], result["entries"], result["harness"]
 
-Each draft (DRAFT@TREE, or combined with each --tree) decodes every set's prompts through the runtime's
-own engine (runtime/speculator.py build_speculator / Speculator.generate) at each temperature, in large
-batches, once: no warm-up, no repeats, no plain-decoding reference, no clock in any number. The engine
-verifies losslessly, so what it decodes is the target's own greedy (T = 0) or sampled continuation and the
-per-cycle accepted lengths it reports are the acceptance; at T = 0 they equal `generate`'s on the same
-prompts. Records (runtime/bench/eval_record.py) per prompt, per category and per set; the leaderboard
-ranks the drafts per temperature by mean acceptance length pooled over the sets. OUT gets eval.json,
-report.md and plots (runtime/bench/eval_report.py).
+Each draft (DRAFT@TREE, or combined with each --tree) decodes every set's prompts at each temperature, in
+large batches, once: no warm-up, no repeats, no plain-decoding reference, no clock in any number. At T = 0
+the target's greedy continuation of each set is decoded once and every draft replays the drafter protocol
+against it, with no target forward per cycle (runtime/bench/eval_replay.py: the runtime's acceptance but
+for floating-point near-ties); at T > 0, for `auto:K` / `adaptive:K` and with `--engine-at-t0`, each draft
+decodes through the runtime's own engine (runtime/speculator.py Speculator.generate), which verifies
+losslessly, so what it decodes is the target's own sampled continuation and the per-cycle accepted lengths
+it reports are the acceptance; at T = 0 both equal `generate`'s on the same prompts. Records
+(runtime/bench/eval_record.py) per prompt, per category and per set; the leaderboard ranks the drafts per
+temperature by mean acceptance length pooled over the sets. OUT gets eval.json, report.md and plots
+(runtime/bench/eval_report.py).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class EvalRequest:
     top_k: int = 0
     seed: int = 0  # row i of a batch samples with a generator seeded by (seed, i)
     batch_size: int = 16  # prompts decoded together: throughput only, not a pinned setting at T = 0
+    engine_at_t0: bool = False  # T = 0 through the engine, not replayed (runtime/bench/eval_replay.py)
     chat: bool = True
     out: str = "runs/eval"
     plots: bool = True
@@ -142,11 +146,15 @@ def run_eval(req: EvalRequest, target=None) -> dict:
     sampling = {"top_p": req.top_p, "top_k": req.top_k, "seed": req.seed, "batch_size": req.batch_size}
     harness = harness_pins(target, sampling, req.max_new_tokens, req.chat, [pin for _, pin in sets])
     harness["temperatures"] = req.temperatures  # beside the id: each entry names its own temperature
+    harness["t0"] = "engine" if req.engine_at_t0 else "teacher-forced replay"
     start = time.perf_counter()
-    entries = []
+    entries, forced = (
+        [],
+        Continuations(req, target, prompt_ids, max(default_depth(c) for c in configs.values())),
+    )
     for cfg in configs.values():
         cfg.rows_plan = rows_plan
-        entries += eval_method(req, target, cfg, sets, prompt_ids, all_params)
+        entries += eval_method(req, target, cfg, sets, prompt_ids, all_params, forced)
     result = {
         "harness": harness,
         "request": asdict(req),
@@ -160,22 +168,24 @@ def run_eval(req: EvalRequest, target=None) -> dict:
     return write_eval_report(Path(req.out), result, plots=req.plots)
 
 
-def eval_method(req: EvalRequest, target, cfg, sets, prompt_ids, all_params) -> list[dict]:
+def eval_method(req: EvalRequest, target, cfg, sets, prompt_ids, all_params, forced) -> list[dict]:
     """One draft and tree: build it once, decode every set at every temperature -> one entry per pair."""
     from draftsmith.runtime.bench.eval_record import records
     from draftsmith.runtime.speculator import build_speculator
 
     speculator = build_speculator(target, cfg)
-    tree = cfg.tree_spec()
-    depth = tree.max_depth if tree is not None else default_chain(cfg.draft)
+    depth = default_depth(cfg)
     method = cfg.draft + (f"@{cfg.tree}" if cfg.tree else f"@chain:{depth}")
     entries = []
     try:
         for params in all_params:
-            for (prompts, pin), ids in zip(sets, prompt_ids, strict=True):
+            for s, ((prompts, pin), ids) in enumerate(zip(sets, prompt_ids, strict=True)):
                 speculator.reset()  # a load-aware policy learns per (method, T, set), as a new server
-                run = dict(max_new_tokens=req.max_new_tokens, seed=req.seed, batch_size=req.batch_size)
-                results = speculator.generate(ids, params, **run, progress=False)
+                if params.greedy and forced.replays(speculator):
+                    results = forced.replay(s, speculator.drafter)
+                else:
+                    run = dict(max_new_tokens=req.max_new_tokens, seed=req.seed, batch_size=req.batch_size)
+                    results = speculator.generate(ids, params, **run, progress=False)
                 entries.append(
                     {
                         "method": method,
@@ -197,10 +207,40 @@ def eval_method(req: EvalRequest, target, cfg, sets, prompt_ids, all_params) -> 
     return entries
 
 
-def default_chain(draft: str) -> int:
-    from draftsmith.runtime.drafters.drafting import default_depth
+def default_depth(cfg) -> int:
+    """The deepest draft of a method: its tree's, else the draft's default chain (generate's)."""
+    from draftsmith.runtime.drafters.drafting import default_depth as chain_depth
 
-    return default_depth(draft)
+    tree = cfg.tree_spec()
+    return tree.max_depth if tree is not None else chain_depth(cfg.draft)
+
+
+class Continuations:
+    """The target's greedy continuation of each set, decoded on first use and shared by every draft (and
+    its features per capture-layer tuple), `lookahead` tokens past the budget for the last cycles' paths."""
+
+    def __init__(self, req: EvalRequest, target, prompt_ids: list[list[list[int]]], lookahead: int):
+        self.req, self.target, self.prompt_ids, self.lookahead = req, target, prompt_ids, lookahead
+        self.forced: dict[tuple[int, tuple[int, ...]], object] = {}
+
+    def replays(self, speculator) -> bool:
+        """Whether this method's T = 0 run is replayed: not asked otherwise, no depth policy (auto:K /
+        adaptive:K read measured times), not the static path."""
+        return not self.req.engine_at_t0 and speculator.max_depth is None and not speculator.static
+
+    def replay(self, s: int, drafter) -> list:
+        from draftsmith.runtime.bench.eval_replay import TeacherForced, replay
+
+        layers, size = tuple(drafter.capture_layers), self.req.batch_size
+        if (s, layers) not in self.forced:  # the first draft's layers are captured while decoding
+            decoded = next((tf for (k, _), tf in self.forced.items() if k == s), None)
+            if decoded is None:
+                ids, budget = self.prompt_ids[s], self.req.max_new_tokens
+                tf = TeacherForced.decode(self.target, ids, budget, self.lookahead, size, layers)
+            else:  # another draft's layers: one prefill over prompt + continuation
+                tf = decoded.with_features(self.target, layers, size)
+            self.forced[s, layers] = tf
+        return replay(drafter, drafter.tree, self.forced[s, layers], size)
 
 
 def draft_pins(spec: str) -> dict:

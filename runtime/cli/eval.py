@@ -72,6 +72,13 @@ def add_harness_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-chat", action="store_true", help="feed prompts as they are")
     p.add_argument(
+        "--engine-at-t0",
+        action="store_true",
+        help="at T = 0 decode every draft through the runtime's engine (a target forward per cycle) rather "
+        "than replay it against the target's greedy continuation, decoded once per set (the default: the "
+        "same acceptance, but for floating-point near-ties; runtime/bench/eval_replay.py)",
+    )
+    p.add_argument(
         "--context-lengths",
         type=number_list("--context-lengths", int),
         help="acceptance against context length, e.g. 2048,4096,8192: long documents cut to each length "
@@ -95,6 +102,7 @@ AS_GIVEN = (
     "draft_group_size",
     "num_prompts", "max_new_tokens", "temperatures", "top_p", "top_k", "seed", "batch_size", "out",
     "thinking", "allow_template_mismatch",  # the chat template's mode, the heads' template check
+    "engine_at_t0",
 )  # fmt: skip
 
 

@@ -114,10 +114,12 @@ DEMO = (
 
 EVAL = (
     "acceptance of drafts on the sets papers use, untimed, on one pinned harness: the leaderboard",
-    "Decode each set's prompts once with every --draft (and --tree) through the runtime's engine, at\n"
-    "each temperature, in large batches: no warm-up, no repeats, no plain run, no clock. What the\n"
-    "engine decodes is the target's own greedy or sampled continuation, so the accepted lengths it\n"
-    "reports are the draft's acceptance (at T=0 equal to generate's on the same prompts). Writes\n"
+    "Every --draft (and --tree) on each set's prompts, at each temperature, in large batches: no\n"
+    "warm-up, no repeats, no plain run, no clock. At T=0 the target's greedy continuation is decoded\n"
+    "once per set and each draft replays against it, no target forward per cycle (--engine-at-t0: each\n"
+    "draft through the engine instead); at T>0 and for auto:K / adaptive:K each draft decodes through\n"
+    "the runtime's engine, whose lossless verify makes its accepted lengths the draft's acceptance.\n"
+    "At T=0 both equal generate's on the same prompts. Writes\n"
     "OUT/eval.json and OUT/report.md with plots: per prompt, category and set the acceptance record\n"
     "(mean acceptance length = 1 + accepted / steps, draft acceptance rate, acceptance per position,\n"
     "the accepted-count histogram), the leaderboard per temperature, and the pinned harness (target,\n"

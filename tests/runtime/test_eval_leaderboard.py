@@ -10,43 +10,19 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from dflash_heads import random_head as random_dflash
-from medusa_heads import random_heads as random_medusa
-from peagle_heads import AUX
-from peagle_heads import random_head as random_peagle
-from safetensors.torch import save_file
+from every_head import save_every_head
 
 from draftsmith.runtime.cli.main import main
 from draftsmith.runtime.core.target import Target
-from draftsmith.runtime.heads.eagle3 import Eagle3Config, Eagle3Head
-from draftsmith.runtime.heads.eagle3 import save_head as save_eagle3
-from draftsmith.runtime.heads.layouts import to_speculators
-from draftsmith.runtime.heads.mtp import MtpConfig, MtpHead
-from draftsmith.runtime.heads.mtp import save_head as save_mtp
-from draftsmith.runtime.heads.peagle import save_head as save_peagle
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "eval_sets"
 
 
 @pytest.fixture(scope="module")
 def heads(tiny_dir, tmp_path_factory):
-    """kind -> a head folder for the tiny target."""
+    """A head folder per layout for the tiny target (tests/every_head.py)."""
     tiny = Target.load(str(tiny_dir), device="cpu")
-    root = tmp_path_factory.mktemp("heads")
-    torch.manual_seed(1)
-    eagle3 = Eagle3Head(Eagle3Config.for_target(tiny, aux_layer_ids=AUX))
-    save_eagle3(eagle3, root / "eagle3")
-    config, tensors = to_speculators(eagle3, verifier=str(tiny_dir))
-    (root / "eagle3-speculators").mkdir()
-    (root / "eagle3-speculators" / "config.json").write_text(json.dumps(config))
-    save_file(tensors, str(root / "eagle3-speculators" / "model.safetensors"), {"format": "pt"})
-    save_peagle(random_peagle(tiny, block_size=3), root / "peagle")
-    torch.manual_seed(2)
-    save_mtp(MtpHead(MtpConfig.for_target(tiny, num_modules=1)), root / "mtp")
-    random_medusa(tiny, heads=2).save_pretrained(root / "medusa")
-    random_dflash(tiny, block=4).save_pretrained(root / "dflash")
-    return root
+    return save_every_head(tiny, tiny_dir, tmp_path_factory.mktemp("heads"))
 
 
 def test_heads_of_every_layout_ranked_on_one_harness(tiny_dir, heads, tmp_path, monkeypatch):
