@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from draftsmith.runtime.core.engine import GenerationResult, check_prompts, prefill_features, token_budgets
-from draftsmith.runtime.core.speculative import Rows, compacts, record_cycle
+from draftsmith.runtime.core.speculative import Rows, compacts, record_cycle, tell_ended
 from draftsmith.runtime.verify.acceptance import children_lists
 from draftsmith.runtime.verify.sampling import SamplingParams
 
@@ -140,9 +140,7 @@ def replay_batch(drafter, tree, tf: TeacherForced, index: list[int]) -> list[Gen
     drafter.start(prompts, GREEDY, None, start_features)
     active, told = list(range(len(prompts))), set()
     while running := rows.running(active):
-        if ended := [i for i, r in enumerate(active) if rows.results[r].finish_reason and r not in told]:
-            drafter.ended(ended)
-            told.update(active[i] for i in ended)
+        tell_ended(drafter, rows, active, told)
         if compacts(len(running), len(active), static=False):
             drafter.retain(running)
             active, running = [active[i] for i in running], list(range(len(running)))

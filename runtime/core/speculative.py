@@ -163,9 +163,7 @@ def speculate_batch(
     backlog = True  # the drafter has tokens to catch up over at its next proposal (the prompt, plain steps)
     told: set[int] = set()  # results whose row the drafter knows ended
     while running := rows.running(active):
-        if ended := [i for i, r in enumerate(active) if rows.results[r].finish_reason and r not in told]:
-            drafter.ended(ended)
-            told.update(active[i] for i in ended)
+        tell_ended(drafter, rows, active, told)
         if compacts(len(running), len(active), static):  # finished rows leave the batch
             cache.retain(torch.tensor(running, device=target.device))
             drafter.retain(running)
@@ -202,6 +200,13 @@ def speculate_batch(
     for res in rows.results:
         res.wall_s = time.perf_counter() - start_time
     return rows.results
+
+
+def tell_ended(drafter, rows: Rows, active: list[int], told: set[int]) -> None:
+    """Tell the drafter, once per row, which batch rows have finished (`told` holds their result indices)."""
+    if ended := [i for i, r in enumerate(active) if rows.results[r].finish_reason and r not in told]:
+        drafter.ended(ended)
+        told.update(active[i] for i in ended)
 
 
 def compacts(running: int, rows: int, static: bool) -> bool:
