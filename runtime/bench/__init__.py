@@ -17,7 +17,8 @@ path: every draft replayed against the target's greedy continuation), `eval_sets
 SPEED-Bench, GSM8K, MT-Bench, MATH-500, HumanEval, MBPP, from the Hub or local files), `eval_record` (the
 acceptance record and the harness pins), `eval_report` (eval.json, report.md, plots, the leaderboard),
 `eval_context` (acceptance against context length: long documents cut to each length), `eval_context_report`
-(its plot and report table).
+(its plot and report table); `calibrate` (`draftsmith calibrate`: a DSpark confidence head's Platt scaling,
+fitted on the target's own continuations through eval's replay, folded into a new head folder).
 Studies built on these (the 70B-on-H100 SSD projection, the per-prompt speed harness) live in
 scripts/studies/.
 """

@@ -116,19 +116,21 @@ def greedy_continuation(target, prompts, steps: int, capture_layers=()) -> tuple
     return seqs, features
 
 
-def replay(drafter, tree, tf: TeacherForced, batch_size: int) -> list[GenerationResult]:
+def replay(drafter, tree, tf: TeacherForced, batch_size: int, calibration=None) -> list[GenerationResult]:
     """Every prompt through `drafter` on `tree` against the teacher-forced continuation, in the runtime's
-    batches -> what generate_speculative returns at T = 0 (no times)."""
+    batches -> what generate_speculative returns at T = 0 (no times). `calibration` (a SurvivalTally or
+    SurvivalPairs) is handed each cycle's verified drafts and accepted nodes, as generate_speculative's."""
     results = []
     for start in range(0, len(tf.prompts), batch_size):
-        results += replay_batch(
-            drafter, tree, tf, list(range(start, min(start + batch_size, len(tf.prompts))))
-        )
+        index = list(range(start, min(start + batch_size, len(tf.prompts))))
+        results += replay_batch(drafter, tree, tf, index, calibration)
     return results
 
 
 @torch.inference_mode()
-def replay_batch(drafter, tree, tf: TeacherForced, index: list[int]) -> list[GenerationResult]:
+def replay_batch(
+    drafter, tree, tf: TeacherForced, index: list[int], calibration=None
+) -> list[GenerationResult]:
     prompts = [tf.prompts[i] for i in index]
     seqs = [tf.sequences[i] for i in index]
     feats = None if tf.features is None else [tf.features[i] for i in index]
@@ -151,6 +153,8 @@ def replay_batch(drafter, tree, tf: TeacherForced, index: list[int]) -> list[Gen
         accepted, tokens, features = walk(
             batch, contexts, [seqs[r] for r in active], feats and [feats[r] for r in active]
         )
+        if calibration is not None:
+            calibration.add(batch, accepted)
         drafter.commit(accepted, features, None if batch.fetched is None else batch.fetched.tolist())
         depths = batch.depths.max(dim=1).values.tolist()
         for i, r in enumerate(active):

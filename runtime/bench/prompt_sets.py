@@ -1,5 +1,6 @@
 """Evaluation prompt sets, kept apart from training data: `sharegpt` (a held-out slice), `humaneval`,
-MT-bench and Spec-Bench question files, and prompt files.
+MT-bench and Spec-Bench question files, and prompt files; and `sharegpt-train` (the training range, for
+fitting a head's calibration on what it was trained on).
 
     prompts = load_prompt_set("sharegpt", 20)      # first user turns of held-out ShareGPT conversations
     prompts = load_prompt_set("humaneval", 20)     # HumanEval tasks, asked as chat instructions
@@ -36,6 +37,7 @@ MAX_PROMPT_CHARS = 2000  # long pastes make a CPU benchmark measure prefill, not
 
 PROMPT_SOURCES = (
     "sharegpt",
+    "sharegpt-train",
     "humaneval",
     "mtbench:FILE",
     "specbench:FILE",
@@ -62,6 +64,10 @@ def load_bench_prompts(spec: str, num_prompts: int, categories: list[str] | None
         raise BadInputError("--categories", ",".join(categories), "no filter: only question files have them")
     if spec == "sharegpt":
         return [BenchPrompt((t,), id=f"sharegpt-{i}") for i, t in enumerate(sharegpt_held_out(num_prompts))]
+    if spec == "sharegpt-train":
+        return [
+            BenchPrompt((t,), id=f"sharegpt-train-{i}") for i, t in enumerate(sharegpt_train(num_prompts))
+        ]
     if spec == "humaneval":
         return [BenchPrompt((t,), "coding", f"humaneval-{i}") for i, t in enumerate(humaneval(num_prompts))]
     if kind == "jsonl" and arg:
@@ -112,11 +118,25 @@ def read_question_file(path: str) -> list[BenchPrompt]:
 
 def sharegpt_held_out(num_prompts: int) -> list[str]:
     """First user turns of conversations SHAREGPT_HELD_OUT_START, +1, ... (skipping empty/too-long ones)."""
+    from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START
+
+    return sharegpt_first_turns(SHAREGPT_HELD_OUT_START, None, num_prompts, "held-out")
+
+
+def sharegpt_train(num_prompts: int) -> list[str]:
+    """First user turns of conversations 0, 1, ... (the training range, where recipes read: for fitting on
+    what a head was trained on, e.g. `draftsmith calibrate`, never for a held-out claim)."""
+    from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START
+
+    return sharegpt_first_turns(0, SHAREGPT_HELD_OUT_START, num_prompts, "training-range")
+
+
+def sharegpt_first_turns(start: int, stop: int | None, num_prompts: int, which: str) -> list[str]:
     from draftsmith.data_recipes.common import Summary
-    from draftsmith.data_recipes.sources import SHAREGPT_HELD_OUT_START, iter_raw_rows, normalize
+    from draftsmith.data_recipes.sources import iter_raw_rows, normalize
 
     prompts: list[str] = []
-    rows = itertools.islice(iter_raw_rows("sharegpt"), SHAREGPT_HELD_OUT_START, None)
+    rows = itertools.islice(iter_raw_rows("sharegpt"), start, stop)
     for row_id, row in rows:
         conv = normalize(row_id, row, Summary())
         first = next((m["content"] for m in conv.messages if m["role"] == "user"), "") if conv else ""
@@ -124,7 +144,7 @@ def sharegpt_held_out(num_prompts: int) -> list[str]:
             prompts.append(first.strip())
         if len(prompts) == num_prompts:
             return prompts
-    raise BadInputError("--num-prompts", num_prompts, f"at most {len(prompts)} held-out ShareGPT prompts")
+    raise BadInputError("--num-prompts", num_prompts, f"at most {len(prompts)} {which} ShareGPT prompts")
 
 
 def humaneval(num_prompts: int) -> list[str]:

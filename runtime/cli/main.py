@@ -36,6 +36,7 @@ from draftsmith.runtime.cli.args import (
     split_of,
 )
 from draftsmith.runtime.cli.bench import add_bench
+from draftsmith.runtime.cli.calibrate import add_calibrate
 from draftsmith.runtime.cli.data import add_data
 from draftsmith.runtime.cli.eval import add_eval
 from draftsmith.runtime.cli.export import add_export
@@ -316,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_generate(sub)
     add_bench(sub)
     add_eval(sub)
+    add_calibrate(sub)
     add_data(sub)
     add_train(sub)
     add_export(sub)

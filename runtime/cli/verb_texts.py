@@ -133,3 +133,18 @@ EVAL = (
     "Offline, a set reads from --set NAME:FILE or $DRAFTSMITH_EVAL_SETS/NAME.jsonl (default folder\n"
     "~/.cache/draftsmith/eval_sets), rows in the Hub set's own schema (docs/eval.md).",
 )
+
+CALIBRATE = (
+    "fit a DSpark confidence head's calibration on the target's own continuations (Platt scaling)",
+    "The confidence head learns acceptance on training answers other models wrote; the runtime asks it\n"
+    "about the target's own text, where acceptance is higher. This decodes the target greedily once\n"
+    "on --prompts (default: prompts from the head's training range, never the held-out bench slice),\n"
+    "drafts against it at T=0 as the runtime would, fits survival -> sigmoid(a * logit + b) on a fit\n"
+    "split (the ranking of slots unchanged: a monotone map) and writes OUT: the head with the map folded\n"
+    "into its confidence layer (exports carry it), calibration.json (a, b; per split the ECE before and\n"
+    "after, AUROC, reliability bins, per-position predicted vs observed) and reliability.png.\n\n"
+    "examples:\n"
+    "  draftsmith calibrate --draft dspark:runs/dspark-smollm2-135m/final \\\n"
+    "      --out runs/dspark-smollm2-135m/calibrated\n"
+    "  draftsmith bench --draft dspark:runs/dspark-smollm2-135m/calibrated@adaptive:3 --prompts sharegpt",
+)

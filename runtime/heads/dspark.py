@@ -6,6 +6,7 @@ and a confidence head.
     h = head.backbone(embeds, positions, k, v, mask)     # [B, S, H]: DFlash's forward (heads/dflash.py)
     head.target_logits(h[:, k], prev_ids)                # [B, V]: position k's logits, biased by token k-1
     head.survival(h[:, k], prev_ids)                     # [B]: P(position k accepted | position k-1 was)
+    platt_folded(tensors, scale, shift)                  # a folder's tensors, the confidence recalibrated
 
 One forward of the DFlash backbone gives every block position's hidden state. The **Markov head** then
 biases position k's draft logits by the token drafted at position k - 1 (the anchor for k = 1) through a
@@ -167,6 +168,25 @@ class DSparkHead(nn.Module):
 
     def save_pretrained(self, folder: str | Path) -> None:
         save_head_files(self, folder, "dspark")
+
+
+CONFIDENCE_WEIGHT, CONFIDENCE_BIAS = "confidence_head.proj.weight", "confidence_head.proj.bias"
+
+
+def platt_folded(tensors: dict[str, torch.Tensor], scale: float, shift: float) -> dict[str, torch.Tensor]:
+    """A DSpark folder's tensors (ours or the speculators layout: the confidence head has the same names in
+    both) with Platt scaling (runtime/verify/recalibration.py) folded into the confidence head's linear map,
+    scale * (W x + b) + shift = (scale W) x + (scale b + shift): survival becomes sigmoid(scale * logit +
+    shift) wherever the head is read, exports included. Each tensor keeps its dtype (computed in float64)."""
+    for name in (CONFIDENCE_WEIGHT, CONFIDENCE_BIAS):
+        if name not in tensors:
+            raise BadInputError(f"tensor {name}", "missing", "a DSpark head with a confidence head")
+    w, b = tensors[CONFIDENCE_WEIGHT], tensors[CONFIDENCE_BIAS]
+    return {
+        **tensors,
+        CONFIDENCE_WEIGHT: (scale * w.double()).to(w.dtype),
+        CONFIDENCE_BIAS: (scale * b.double() + shift).to(b.dtype),
+    }
 
 
 def load_head(folder: str | Path, target=None) -> DSparkHead:

@@ -9,6 +9,7 @@
 - `load_aware` (auto:K: each cycle's depth from measured costs and observed acceptance), `adaptive`
   (adaptive:K: each row verifies the prefix of its chain that pays best, by a stopping rule on the
   drafter's survival estimates), `calibration` (the expected calibration error of survival estimates and
-  a run's tally of them against what was accepted);
+  a run's tally of them against what was accepted), `recalibration` (Platt scaling of survival estimates
+fitted to a run's verified slots, and the AUROC it keeps);
 - `ssd_fanout` (SSD's outcome prediction: the geometric fan-out, branch order, hit accounting).
 """

@@ -138,6 +138,20 @@ def _widen(per: torch.Tensor, depth: int) -> torch.Tensor:
     return torch.cat([per, per.new_zeros(depth - len(per), 3)]) if len(per) < depth else per
 
 
+def verified_slots(batch: DraftBatch, accepted: list[list[int]]) -> tuple[torch.Tensor, ...]:
+    """A verified batch with survival and each row's accepted node ids -> survival [B, N] in [0, 1], hit
+    [B, N] (accepted, roots included) and reached [B, N] (a drafted node whose parent was accepted: the
+    slots that count, module docstring), on the batch's device."""
+    rows, nodes = batch.tokens.shape
+    hit = torch.zeros(rows, nodes, dtype=torch.bool)  # [B, N] host: accepted nodes and the roots
+    hit[:, 0] = True
+    for b, path in enumerate(accepted):
+        hit[b, path] = True
+    hit = to_device(hit, batch.device)
+    reached = (batch.parents >= 0) & hit.gather(1, batch.parents.clamp(min=0))  # the parent was accepted
+    return batch.survival.float().clamp(0.0, 1.0), hit, reached
+
+
 @dataclass
 class SurvivalTally:
     """The calibration of a run's `DraftBatch.survival` against what verification accepted, summed on the
@@ -150,15 +164,8 @@ class SurvivalTally:
         """The verified batch (after any adaptive cut) and each row's accepted node ids (the verdicts)."""
         if batch.survival is None or batch.max_depth == 0:
             return
-        rows, nodes = batch.tokens.shape
-        hit = torch.zeros(rows, nodes, dtype=torch.bool)  # [B, N] host: accepted nodes and the roots
-        hit[:, 0] = True
-        for b, path in enumerate(accepted):
-            hit[b, path] = True
-        hit = to_device(hit, batch.device)
+        s, hit, reached = verified_slots(batch, accepted)
         drafted = batch.parents >= 0  # [B, N]
-        reached = drafted & hit.gather(1, batch.parents.clamp(min=0))  # the parent was accepted
-        s = batch.survival.float().clamp(0.0, 1.0)  # [B, N]
         cycle = CalibrationSums.of(
             s.flatten(), hit.flatten(), (batch.depths - 1).flatten(), batch.max_depth, reached.flatten(),
             self.bins,

@@ -21,7 +21,7 @@ def run(argv, capsys):
     return code, out.out, out.err
 
 
-@pytest.mark.parametrize("verb", ["generate", "demo"])
+@pytest.mark.parametrize("verb", ["generate", "demo", "calibrate"])
 def test_help_on_every_verb_teaches(verb, capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args([verb, "--help"])

@@ -74,6 +74,8 @@ def test_sharegpt_prompts_come_from_the_held_out_slice():
         if conv:
             trained.update(m["content"].strip() for m in conv.messages if m["role"] == "user")
     assert not trained & set(got)
+    train = load_prompt_set("sharegpt-train", 5)  # `draftsmith calibrate`'s default: the training range
+    assert len(set(train)) == 5 and set(train) <= trained
 
 
 def test_bad_prompt_sets_are_refused():
