@@ -66,10 +66,9 @@ def check_request(req: CalibrateRequest) -> Path:
     from draftsmith.runtime.heads import head_kinds
 
     found = head_kinds.draft_kind(req.draft)
-    if found is None or found[0].name != "dspark":
-        raise BadInputError(
-            "--draft", req.draft, "dspark:DIR (a DSpark head: the kind with a confidence head)"
-        )
+    if found is None or not found[0].confidence:
+        kinds = [f"{k.name}:DIR" for k in head_kinds.KINDS.values() if k.confidence]
+        raise BadInputError("--draft", req.draft, f"a head with a confidence head ({', '.join(kinds)})")
     folder = Path(found[1].partition("#")[0]).expanduser()
     if not (folder / "model.safetensors").is_file():
         raise BadInputError("--draft", req.draft, "a DSpark head folder holding model.safetensors")

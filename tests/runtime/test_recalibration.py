@@ -170,6 +170,9 @@ def test_calibrate_writes_a_head_that_predicts_what_its_record_says(target, trai
         "model.safetensors",
     ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging folder left"
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in (tmp_path / "cal").iterdir()), (
+        "files others can read"
+    )
 
 
 def test_bad_input_is_refused_before_any_work(trained, tmp_path, capsys):
