@@ -70,7 +70,9 @@ print(pathlib.Path(u.find_spec('llama_cpp').origin).parent / 'lib')")
   "$VENV/bin/pip" install --target "$VENV/converter/deps" sentencepiece >> "$log" 2>&1 || { tail -20 "$log"; exit 1; }
   rm -rf "$src" "$build"/{ggml,src,common,examples,vendor,CMakeFiles}  # objects; bin/ and its libraries stay
   "$VENV/bin/python" -c "import llama_cpp; print('   llama-cpp-python', llama_cpp.__version__)"
-  "$VENV/bin/llama-speculative-simple" --version 2>&1 | head -1 | sed 's/^/   /'
+  # sed reads all of it (head -1 would exit early: the tool's next line then dies of SIGPIPE, and under
+  # pipefail that failed the whole setup at random, 2026-12-07)
+  "$VENV/bin/llama-speculative-simple" --version 2>&1 | sed -n '1s/^/   /p'
   echo "$SPEC" > "$stamp"
 fi
 

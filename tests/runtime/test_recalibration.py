@@ -134,10 +134,14 @@ def test_the_replays_slots_are_the_engines(target, trained):
     tf = TeacherForced.decode(target, prompts, 16, 3, 3, replayed.capture_layers)
     replay(replayed, replayed.tree, tf, 3, calibration=pairs)
     sums = CalibrationSums.of(pairs.predicted(), pairs.outcome(), pairs.depths() - 1, 3)
-    assert torch.equal(sums.bins[:, 0], tally.sums.bins[:, 0]), "the same slots, bin by bin"
-    assert torch.allclose(sums.bins, tally.sums.bins, atol=1e-9) and torch.allclose(
-        sums.positions, tally.sums.positions, atol=1e-9
-    )  # sums of at most a few hundred float32 survivals, added in float64 in another order
+    for got, want in ((sums.bins, tally.sums.bins), (sums.positions, tally.sums.positions)):
+        assert torch.equal(got[:, 0], want[:, 0]) and torch.equal(got[:, 2], want[:, 2]), (
+            "same slots, outcomes"
+        )
+        # The survivals are float32 and the replay's features come from one-token decode steps where the
+        # engine's come from its verify forward: another reduction order, a few float32 ulps (~1e-7) in
+        # each survival. 1e-5 a slot bounds that with room and still catches a wrong slot (~0.01 or more).
+        assert ((got[:, 1] - want[:, 1]).abs() <= 1e-5 * want[:, 0]).all(), (got, want)
     assert 0 < float(pairs.outcome().sum()) < len(pairs.outcome()), "both outcomes occur"
 
 
