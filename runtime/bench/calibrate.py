@@ -72,8 +72,15 @@ def check_request(req: CalibrateRequest) -> Path:
     folder = Path(found[1].partition("#")[0]).expanduser()
     if not (folder / "model.safetensors").is_file():
         raise BadInputError("--draft", req.draft, "a DSpark head folder holding model.safetensors")
-    if Path(req.out).expanduser().resolve() == folder.resolve():
+    out = Path(req.out).expanduser().resolve()
+    if out == folder.resolve() or folder.resolve().is_relative_to(out):
         raise BadInputError("--out", req.out, "a new folder, not the head's own (the input stays as it was)")
+    if out.is_dir() and any(out.iterdir()) and not (out / "calibration.json").is_file():
+        raise BadInputError(
+            "--out", req.out,
+            "a new or empty folder, or an earlier calibrate output (it holds calibration.json): nothing else "
+            "is replaced",
+        )  # fmt: skip
     if not 0 < req.validation_fraction < 1:
         raise BadInputError("--validation-fraction", req.validation_fraction, "a number in (0, 1)")
     if req.num_prompts < 4:

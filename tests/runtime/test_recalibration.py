@@ -173,7 +173,8 @@ def test_calibrate_writes_a_head_that_predicts_what_its_record_says(target, trai
         "config.json",
         "model.safetensors",
     ]
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging folder left"
+    assert calibrate_on(req, target, folder, ids)["scale"] == record["scale"], "a rerun replaces its output"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging or old folder left"
     assert all(p.stat().st_mode & 0o044 == 0o044 for p in (tmp_path / "cal").iterdir()), (
         "files others can read"
     )
@@ -181,11 +182,16 @@ def test_calibrate_writes_a_head_that_predicts_what_its_record_says(target, trai
 
 def test_bad_input_is_refused_before_any_work(trained, tmp_path, capsys):
     folder, _ = trained
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("not a calibrate output")
     cases = [
         (["--draft", "ngram"], "dspark:DIR"),
         (["--draft", f"dflash:{folder}"], "dspark:DIR"),
         (["--draft", f"dspark:{tmp_path}"], "model.safetensors"),
         (["--draft", f"dspark:{folder}", "--out", str(folder)], "a new folder"),
+        (["--draft", f"dspark:{folder}", "--out", str(folder.parent)], "a new folder"),  # holds the head
+        (["--draft", f"dspark:{folder}", "--out", str(kept)], "calibration.json"),  # someone else's folder
         (["--draft", f"dspark:{folder}", "--validation-fraction", "1.5"], "(0, 1)"),
         (["--draft", f"dspark:{folder}", "--prompts", "nonsense"], "sharegpt-train"),
     ]
@@ -193,4 +199,4 @@ def test_bad_input_is_refused_before_any_work(trained, tmp_path, capsys):
         argv = ["calibrate", "--out", str(tmp_path / "out"), *flags]
         assert main(argv) == 2, flags
         assert expected in capsys.readouterr().err, flags
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and (kept / "notes.txt").read_text() == "not a calibrate output"
