@@ -22,7 +22,11 @@ from draftsmith.runtime.cli.args import (
 def add_calibrate(sub) -> None:
     p = add_verb(sub, "calibrate", *verb_texts.CALIBRATE, run=run_calibrate_cli, groups=(add_target_args,))
     p.add_argument("--draft", required=True, help="dspark:DIR, the head to calibrate (left as it is)")
-    p.add_argument("--out", required=True, help="the calibrated head's folder: new, empty, or an earlier calibrate output (replaced)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="the calibrated head's folder: new, empty, or an earlier calibrate output (replaced)",
+    )
     p.add_argument(
         "--prompts",
         default="sharegpt-train",
